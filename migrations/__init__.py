@@ -1,0 +1,1 @@
+"""alembic migrations of the rolltap store (script location for `rolltap db upgrade`)."""

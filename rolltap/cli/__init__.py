@@ -1,0 +1,1 @@
+"""The `rolltap` command line."""

@@ -1,0 +1,120 @@
+"""`rolltap ls` and `rolltap show`: what the store holds, for a person at a terminal."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from rolltap.cli.options import db_option
+from rolltap.store import CallView, RolloutView, StoreReader
+from rolltap.store import open as open_store
+
+
+@click.command()
+@db_option
+@click.option("--batch", help="Only rollouts of this batch.")
+@click.option("--status", help="Only rollouts with this status.")
+@click.option("--limit", default=50, show_default=True, help="At most this many rollouts.")
+def ls(db_url: str | None, batch: str | None, status: str | None, limit: int) -> None:
+    """List rollouts, newest first."""
+    with open_store(db_url) as store:
+        rollouts = store.rollouts(batch=batch, status=status, limit=limit)
+    console = _console()
+    if not rollouts:
+        console.print("no rollouts yet")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("rollout", "created", "status", "reward", "calls", "tokens", "batch", "task"):
+        numeric = column in ("reward", "calls", "tokens")
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
+    for r in rollouts:
+        table.add_row(
+            r.id,
+            _time(r.created_at),
+            r.status.value,
+            "-" if r.reward is None else f"{r.reward:g}",
+            str(r.n_calls),
+            str(r.n_tokens),
+            r.batch_id or "-",
+            _task(r),
+        )
+    console.print(table)
+
+
+@click.command()
+@db_option
+@click.argument("rollout_id")
+def show(db_url: str | None, rollout_id: str) -> None:
+    """Show one rollout and its calls, one line each."""
+    with open_store(db_url) as store:
+        rollout = store.rollout(rollout_id)
+        calls = store.calls(rollout_id)
+        _render(_console(), store, rollout, calls)
+
+
+def _render(console: Console, store: StoreReader, r: RolloutView, calls: list[CallView]) -> None:
+    console.print(f"[bold]rollout {r.id}[/bold]  {r.status.value}  reward {r.reward}")
+    console.print(
+        f"  task {_task(r)}  batch {r.batch_id or '-'}  harness {r.harness or '-'}  "
+        f"model {r.model or '-'}  created {_time(r.created_at)}"
+    )
+    if r.error:
+        console.print(f"  [red]error[/red] {r.error}")
+    table = Table(box=None, header_style="bold")
+    for column in (
+        "seq",
+        "dialect",
+        "status",
+        "http",
+        "prompt",
+        "completion",
+        "n",
+        "finish",
+        "ttft ms",
+        "total ms",
+        "capture",
+        "backend",
+        "note",
+    ):
+        table.add_column(column)
+    for c in calls:
+        notes = [x for x in (c.purpose, c.retry_of and f"retry of {c.retry_of}", c.error) if x]
+        table.add_row(
+            str(c.seq),
+            c.dialect.value + (" (stream)" if c.stream else ""),
+            c.status.value,
+            str(c.http_status or "-"),
+            str(c.prompt_tokens),
+            str(c.completion_tokens),
+            str(c.n_choices),
+            c.finish_reason or "-",
+            _ms(c.received_at, c.first_token_at),
+            _ms(c.received_at, c.finished_at),
+            c.capture.value,
+            c.backend or "-",
+            "; ".join(notes)[:80],
+        )
+    console.print(table)
+
+
+def _console() -> Console:
+    # Piped output is for grep and people's logs: do not squeeze it into 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=220)
+
+
+def _task(r: RolloutView) -> str:
+    if r.task_id is None:
+        return "-"
+    return r.task_id if r.sample_index is None else f"{r.task_id}#{r.sample_index}"
+
+
+def _time(t: datetime) -> str:
+    return t.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ms(start: datetime, end: datetime | None) -> str:
+    return "-" if end is None else f"{(end - start).total_seconds() * 1000:.0f}"

@@ -1,0 +1,35 @@
+"""Entry point: `rolltap <command>`; each command group lives in its own module."""
+
+from __future__ import annotations
+
+import click
+
+from rolltap import __version__
+from rolltap.cli.db import db
+from rolltap.cli.inspect import ls, show
+from rolltap.store.errors import StoreError
+
+
+class _Group(click.Group):
+    """Store errors are the user's to fix (a URL, a server): show them as one line, no trace."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except StoreError as e:
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rolltap")
+def cli() -> None:
+    """rolltap: token-faithful RL rollouts from unmodified agent harnesses."""
+
+
+cli.add_command(db)
+cli.add_command(ls)
+cli.add_command(show)
+
+
+def main() -> None:
+    cli(prog_name="rolltap")

@@ -1,0 +1,88 @@
+"""Engines for one database: a writer and readers, with SQLite set up for safe concurrency."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection as SyncConnection
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from rolltap.store.errors import DatabaseUnavailable
+from rolltap.store.url import DatabaseURL
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+@dataclass
+class Database:
+    url: DatabaseURL
+    writer: AsyncEngine
+    """Every write goes through this engine; on SQLite it takes the write lock at BEGIN."""
+    reader: AsyncEngine
+
+    async def dispose(self) -> None:
+        await self.writer.dispose()
+        if self.reader is not self.writer:
+            await self.reader.dispose()
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        async with self.reader.connect() as conn:
+            yield conn
+
+
+def open_database(url: DatabaseURL) -> Database:
+    if url.is_sqlite:
+        path = url.sqlite_path
+        if not path.parent.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise DatabaseUnavailable(f"cannot create {path.parent} for the store: {e}") from e
+        writer = _sqlite_engine(url, "BEGIN IMMEDIATE", pool_size=1)
+        return Database(url, writer, _sqlite_engine(url, "BEGIN", pool_size=4))
+    engine = create_async_engine(
+        url.url, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800
+    )
+    return Database(url, engine, engine)
+
+
+def _sqlite_engine(url: DatabaseURL, begin: str, pool_size: int) -> AsyncEngine:
+    engine = create_async_engine(
+        url.url, pool_size=pool_size, max_overflow=2, connect_args={"timeout": 30}
+    )
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # pysqlite's implicit BEGIN breaks SAVEPOINT and transactional DDL; SQLAlchemy
+        # documents this workaround: autocommit at the driver, BEGIN emitted by us.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        # FULL: a commit the writer acknowledged survives power loss, not just a crash.
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: SyncConnection) -> None:
+        # IMMEDIATE on the writer: a deferred transaction that reads and then writes can fail
+        # with SQLITE_BUSY at once when another process committed meanwhile.
+        conn.exec_driver_sql(begin)
+
+    return engine
+
+
+def unavailable(url: DatabaseURL, e: DBAPIError | OSError) -> DatabaseUnavailable:
+    """Translate a driver error met while connecting into one clear message (no password)."""
+    reason = str(e.orig if isinstance(e, DBAPIError) else e).strip().splitlines()[0]
+    hint = ""
+    if isinstance(e, OperationalError) and url.is_sqlite:
+        hint = " (is the directory writable?)"
+    return DatabaseUnavailable(f"cannot open the store at {url.render()}: {reason}{hint}")

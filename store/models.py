@@ -1,0 +1,230 @@
+"""The tables: rollouts, the calls a proxy received for them, and each call's sampled choices.
+
+Token arrays are packed little-endian blobs (see `packing`), never JSON lists. A call's prompt is
+stored as a reference to the longest earlier prompt-or-sequence of the same rollout that it
+shares a prefix with, plus the new suffix (see `delta`), so a long rollout costs storage linear in
+its unique tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any, ClassVar, cast
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Fixed names, so alembic's autogenerate and every database agree on what to drop or alter.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass an aware UTC datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, datetime: UTCDateTime}
+
+
+class RolloutStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    BUDGET_EXCEEDED = "budget_exceeded"
+
+
+class CallStatus(enum.StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+class CallDialect(enum.StrEnum):
+    CHAT = "chat"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    COMPLETIONS = "completions"
+
+
+class Capture(enum.StrEnum):
+    TOKENS = "tokens"
+    """The engine returned the ids it sampled: the call is token-faithful."""
+    TEXT = "text"
+    """The backend returned text only; never presented as token-faithful."""
+    NONE = "none"
+    """Nothing was sampled (rejected, or failed before the engine answered)."""
+
+
+def _in(column: str, values: type[enum.StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
+class Rollout(Base):
+    __tablename__ = "rollout"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    """sha256 of the secret rollout key; the key itself is never stored."""
+    batch_id: Mapped[str | None] = mapped_column(String(200))
+    task_id: Mapped[str | None] = mapped_column(String(200))
+    sample_index: Mapped[int | None] = mapped_column(Integer)
+    harness: Mapped[str | None] = mapped_column(String(100))
+    model: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20), default=RolloutStatus.PENDING.value)
+    reward: Mapped[float | None] = mapped_column(Float)
+    reward_details: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    max_calls: Mapped[int | None] = mapped_column(Integer)
+    """Budget enforced by the proxy: calls beyond it are refused and end the rollout."""
+    max_tokens: Mapped[int | None] = mapped_column(Integer)
+    """Budget on prompt + completion tokens over all calls."""
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+
+    __table_args__ = (
+        CheckConstraint(_in("status", RolloutStatus), name="status"),
+        # One rollout per (batch, task, sample): a resumed batch can never duplicate one.
+        UniqueConstraint("batch_id", "task_id", "sample_index"),
+        Index(None, "status", "created_at"),
+        Index(None, "created_at"),
+    )
+
+
+class Call(Base):
+    """One request the proxy received, attempts and retries included."""
+
+    __tablename__ = "call"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollout.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    """Order of the call within its rollout, from 1, in the order records became durable."""
+    dialect: Mapped[str] = mapped_column(String(16))
+    purpose: Mapped[str | None] = mapped_column(String(40))
+    """A side call's role when the harness says it (title, compact, subagent...)."""
+    model: Mapped[str | None] = mapped_column(String(200))
+    backend: Mapped[str | None] = mapped_column(String(300))
+    status: Mapped[str] = mapped_column(String(16))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    capture: Mapped[str] = mapped_column(String(8))
+    received_at: Mapped[datetime]
+    dispatched_at: Mapped[datetime | None]
+    first_token_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    weight_version: Mapped[str | None] = mapped_column(String(100))
+    finish_reason: Mapped[str | None] = mapped_column(String(40))
+    usage: Mapped[dict[str, Any] | None]
+    retry_count: Mapped[int] = mapped_column(Integer, default=0)
+    """The SDK's retry header (x-stainless-retry-count) as the client sent it."""
+    body_hash: Mapped[str | None] = mapped_column(String(32))
+    """blake2b-128 of the client's request body, to link a retry to the call it repeats."""
+    retry_of: Mapped[str | None] = mapped_column(ForeignKey("call.id", ondelete="SET NULL"))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    """Sum over all choices."""
+    n_choices: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_parent_id: Mapped[str | None] = mapped_column(ForeignKey("call.id"))
+    prompt_parent_choice: Mapped[int | None] = mapped_column(Integer)
+    """None: the parent's prompt; k: the parent's prompt followed by its choice k's tokens."""
+    prompt_shared: Mapped[int] = mapped_column(Integer, default=0)
+    """How many leading tokens of the prompt come from the parent sequence."""
+    prompt_suffix: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The prompt's remaining ids, packed int32 little-endian. Last column: big values last."""
+
+    __table_args__ = (
+        CheckConstraint(_in("status", CallStatus), name="status"),
+        CheckConstraint(_in("dialect", CallDialect), name="dialect"),
+        CheckConstraint(_in("capture", Capture), name="capture"),
+        UniqueConstraint("rollout_id", "seq"),
+        Index(None, "received_at"),
+        Index(None, "rollout_id", "body_hash"),
+        Index(None, "prompt_parent_id"),
+    )
+
+
+class Choice(Base):
+    """One sampled choice of a call (`n > 1` keeps every one)."""
+
+    __tablename__ = "choice"
+
+    call_id: Mapped[str] = mapped_column(
+        ForeignKey("call.id", ondelete="CASCADE"), primary_key=True
+    )
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    finish_reason: Mapped[str | None] = mapped_column(String(40))
+    n_tokens: Mapped[int] = mapped_column(Integer)
+    token_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    """Packed int32 little-endian: exactly the ids the engine sampled."""
+    logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """Packed float32 little-endian, one per token id; None when the engine gave none."""
+
+
+class CallBody(Base):
+    """What went over the wire, zlib-compressed: for audit and replay, never read on hot paths."""
+
+    __tablename__ = "call_body"
+
+    call_id: Mapped[str] = mapped_column(
+        ForeignKey("call.id", ondelete="CASCADE"), primary_key=True
+    )
+    request: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The client's request body."""
+    engine_request: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The request actually sent to the engine."""
+    response: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The response the client received (for a stream, the assembled equivalent)."""
+
+
+# Typed handles for Core statements on the hot paths (ORM unit-of-work is too slow there).
+rollout_table = cast(Table, Rollout.__table__)
+call_table = cast(Table, Call.__table__)
+choice_table = cast(Table, Choice.__table__)
+call_body_table = cast(Table, CallBody.__table__)

@@ -1,0 +1,63 @@
+"""Token ids and logprobs as packed little-endian arrays, validated on the way in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from rolltap.store.errors import InvalidTokens
+
+IDS = np.dtype("<i4")
+LOGPROBS = np.dtype("<f4")
+_INT32_MAX = 2**31 - 1
+# Logprobs are log-probabilities; float noise from a log-softmax can land a hair above zero.
+_LOGPROB_CEILING = 1e-3
+
+IdArray = npt.NDArray[np.int32]
+LogprobArray = npt.NDArray[np.float32]
+
+
+def as_ids(values: Sequence[int] | npt.NDArray[np.integer]) -> IdArray:
+    """Token ids as an int32 array; refuses negatives and ids that do not fit in int32."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise InvalidTokens(f"token ids must be a flat list, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=IDS)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidTokens(f"token ids must be integers, got {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi > _INT32_MAX:
+        raise InvalidTokens(f"token ids must lie in [0, 2^31), got range [{lo}, {hi}]")
+    return arr.astype(IDS, copy=False)
+
+
+def as_logprobs(values: Sequence[float] | npt.NDArray[np.floating]) -> LogprobArray:
+    """Logprobs as a float32 array; refuses NaN, +inf and positive values (-inf is log 0)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1:
+        raise InvalidTokens(f"logprobs must be a flat list, got shape {arr.shape}")
+    if np.isnan(arr).any():
+        raise InvalidTokens(f"logprobs contain NaN at {int(np.flatnonzero(np.isnan(arr))[0])}")
+    if (arr > _LOGPROB_CEILING).any():
+        bad = int(np.flatnonzero(arr > _LOGPROB_CEILING)[0])
+        raise InvalidTokens(f"logprob {arr[bad]} at {bad} is positive; logprobs are <= 0")
+    return arr.astype(LOGPROBS)
+
+
+def pack(arr: IdArray | LogprobArray) -> bytes:
+    return arr.tobytes()
+
+
+def unpack_ids(blob: bytes | None) -> IdArray:
+    if not blob:
+        return np.zeros(0, dtype=IDS)
+    return np.frombuffer(blob, dtype=IDS)
+
+
+def unpack_logprobs(blob: bytes | None) -> LogprobArray | None:
+    if blob is None:
+        return None
+    return np.frombuffer(blob, dtype=LOGPROBS)

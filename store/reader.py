@@ -1,0 +1,105 @@
+"""A blocking reader for trainers and scripts: `rolltap.store.open(url)`.
+
+It drives the async store on a private event loop thread, so it also works inside a notebook or
+a trainer that already runs an event loop of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from rolltap.store.records import CallBodies, CallTokens, CallView, RolloutView
+from rolltap.store.store import Store
+from rolltap.store.url import DatabaseURL
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rolltap-store", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+class StoreReader:
+    def __init__(self, url: str | DatabaseURL | None = None) -> None:
+        self._loop = _LoopThread()
+        try:
+            self._store = self._loop.run(Store.connect(url))
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    @property
+    def store(self) -> Store:
+        """The async store underneath, for code that runs on this reader's loop."""
+        return self._store
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the async store on this reader's loop and wait for it."""
+        return self._loop.run(coro)
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._store.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def rollouts(
+        self,
+        *,
+        batch: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        ids: Sequence[str] | None = None,
+        limit: int | None = None,
+        oldest_first: bool = False,
+    ) -> list[RolloutView]:
+        return self.run(
+            self._store.rollouts(
+                batch=batch, status=status, ids=ids, limit=limit, oldest_first=oldest_first
+            )
+        )
+
+    def rollout(self, rollout_id: str) -> RolloutView:
+        return self.run(self._store.rollout(rollout_id))
+
+    def calls(self, rollout_id: str) -> list[CallView]:
+        return self.run(self._store.calls(rollout_id))
+
+    def call(self, call_id: str) -> CallView:
+        return self.run(self._store.call(call_id))
+
+    def call_tokens(self, call_id: str) -> CallTokens:
+        return self.run(self._store.call_tokens(call_id))
+
+    def rollout_tokens(self, rollout_id: str) -> dict[str, CallTokens]:
+        return self.run(self._store.rollout_tokens(rollout_id))
+
+    def call_bodies(self, call_id: str) -> CallBodies:
+        return self.run(self._store.call_bodies(call_id))
+
+
+def open(url: str | DatabaseURL | None = None) -> StoreReader:
+    """Open the store at `url` (default: ROLLTAP_DB, else the embedded SQLite file)."""
+    return StoreReader(url if url is not None else os.environ.get("ROLLTAP_DB"))

@@ -1,0 +1,191 @@
+"""The async store: what the proxy and the runner write through and read from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+
+from rolltap.store import migrate, queries
+from rolltap.store.database import Database, open_database, unavailable
+from rolltap.store.errors import InvalidTokens
+from rolltap.store.ids import hash_key
+from rolltap.store.models import RolloutStatus
+from rolltap.store.packing import as_ids, as_logprobs
+from rolltap.store.records import (
+    CallBodies,
+    CallReceipt,
+    CallRecord,
+    CallTokens,
+    CallView,
+    ChoiceRecord,
+    CreatedRollout,
+    NewRollout,
+    RolloutView,
+)
+from rolltap.store.url import DatabaseURL, resolve_url
+from rolltap.store.writer import AppendCall, CreateRollout, GroupCommitWriter, UpdateRollout
+
+_FINAL = {
+    RolloutStatus.SUCCEEDED,
+    RolloutStatus.FAILED,
+    RolloutStatus.TIMED_OUT,
+    RolloutStatus.CANCELLED,
+    RolloutStatus.BUDGET_EXCEEDED,
+}
+_UPDATABLE = {
+    "status",
+    "reward",
+    "reward_details",
+    "error",
+    "started_at",
+    "finished_at",
+    "meta",
+    "harness",
+    "model",
+    "max_calls",
+    "max_tokens",
+}
+
+
+class Store:
+    """Open with `await Store.connect(url)`; close with `await store.close()`."""
+
+    def __init__(self, db: Database, writer: GroupCommitWriter) -> None:
+        self.db = db
+        self._writer = writer
+
+    @classmethod
+    async def connect(cls, url: str | DatabaseURL | None = None, *, migrate_: bool = True) -> Store:
+        resolved = url if isinstance(url, DatabaseURL) else resolve_url(url)
+        db = open_database(resolved)
+        try:
+            if migrate_:
+                await migrate.ensure_schema(db)
+            else:
+                await migrate.current_revision(db)
+        except (DBAPIError, OSError) as e:
+            await db.dispose()
+            raise unavailable(resolved, e) from e
+        except BaseException:
+            await db.dispose()
+            raise
+        writer = GroupCommitWriter(db)
+        writer.start()
+        return cls(db, writer)
+
+    async def close(self) -> None:
+        await self._writer.close()
+        await self.db.dispose()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    @property
+    def commits(self) -> int:
+        return self._writer.commits
+
+    # --- writes (durable when the awaited call returns) ------------------------------------
+
+    async def create_rollout(self, new: NewRollout | None = None) -> CreatedRollout:
+        result: CreatedRollout = await self._writer.submit(CreateRollout(new or NewRollout()))
+        return result
+
+    async def update_rollout(self, rollout_id: str, **values: Any) -> None:
+        unknown = set(values) - _UPDATABLE
+        if unknown:
+            raise TypeError(f"cannot update rollout fields {sorted(unknown)}")
+        if "status" in values:
+            status = RolloutStatus(values["status"])
+            values["status"] = status.value
+            now = datetime.now(UTC)
+            if status is RolloutStatus.RUNNING:
+                values.setdefault("started_at", now)
+            if status in _FINAL:
+                values.setdefault("finished_at", now)
+        await self._writer.submit(UpdateRollout(rollout_id, values))
+
+    async def append_call(self, record: CallRecord) -> CallReceipt:
+        """Store one call; returns once it is durable."""
+        result: CallReceipt = await self._writer.submit(AppendCall(_validated(record)))
+        return result
+
+    def forget(self, rollout_id: str) -> None:
+        """Release the writer's cached state of a rollout that will get no more calls."""
+        self._writer.forget(rollout_id)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    async def rollout(self, rollout_id: str) -> RolloutView:
+        async with self.db.read() as conn:
+            return await queries.rollout(conn, rollout_id)
+
+    async def rollout_by_key(self, key: str) -> RolloutView | None:
+        async with self.db.read() as conn:
+            return await queries.rollout_by_key_hash(conn, hash_key(key))
+
+    async def rollouts(
+        self,
+        *,
+        batch: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        ids: Sequence[str] | None = None,
+        limit: int | None = None,
+        oldest_first: bool = False,
+    ) -> list[RolloutView]:
+        async with self.db.read() as conn:
+            return await queries.rollouts(
+                conn, batch=batch, status=status, ids=ids, limit=limit, oldest_first=oldest_first
+            )
+
+    async def calls(self, rollout_id: str) -> list[CallView]:
+        async with self.db.read() as conn:
+            return await queries.calls(conn, rollout_id)
+
+    async def call(self, call_id: str) -> CallView:
+        async with self.db.read() as conn:
+            return await queries.call(conn, call_id)
+
+    async def call_tokens(self, call_id: str) -> CallTokens:
+        async with self.db.read() as conn:
+            return await queries.call_tokens(conn, call_id)
+
+    async def rollout_tokens(self, rollout_id: str) -> dict[str, CallTokens]:
+        async with self.db.read() as conn:
+            return await queries.rollout_tokens(conn, rollout_id)
+
+    async def call_bodies(self, call_id: str) -> CallBodies:
+        async with self.db.read() as conn:
+            return await queries.call_bodies(conn, call_id)
+
+    async def latest_call_with_body(
+        self, rollout_id: str, body_hash: str
+    ) -> tuple[str, str] | None:
+        async with self.db.read() as conn:
+            return await queries.latest_call_with_body(conn, rollout_id, body_hash)
+
+
+def _validated(record: CallRecord) -> CallRecord:
+    """Refuse bad token data before it is queued, so the caller gets the error, not the batch."""
+    if record.prompt_ids is not None:
+        record.prompt_ids = as_ids(record.prompt_ids)
+    seen: set[int] = set()
+    checked: list[ChoiceRecord] = []
+    for choice in record.choices:
+        if choice.index in seen:
+            raise InvalidTokens(f"choice index {choice.index} appears twice")
+        seen.add(choice.index)
+        ids = as_ids(choice.token_ids)
+        logprobs = None if choice.logprobs is None else as_logprobs(choice.logprobs)
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise InvalidTokens(
+                f"choice {choice.index}: {len(logprobs)} logprobs for {len(ids)} token ids"
+            )
+        checked.append(ChoiceRecord(choice.index, ids, logprobs, choice.finish_reason))
+    record.choices = checked
+    return record

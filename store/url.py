@@ -1,0 +1,79 @@
+"""Which database: URL normalisation and the embedded default (a SQLite file per user)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from rolltap.store.errors import BadDatabaseURL
+
+_SUPPORTED = "sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql+asyncpg://USER@HOST/DB"
+
+
+@dataclass(frozen=True)
+class DatabaseURL:
+    url: URL
+    """The async SQLAlchemy URL (aiosqlite or asyncpg)."""
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.get_backend_name() == "sqlite"
+
+    @property
+    def sqlite_path(self) -> Path:
+        assert self.url.database is not None
+        return Path(self.url.database)
+
+    def render(self) -> str:
+        """The URL for logs and messages: never with its password."""
+        return self.url.render_as_string(hide_password=True)
+
+
+def default_sqlite_path() -> Path:
+    return platformdirs.user_data_path("rolltap") / "rolltap.sqlite"
+
+
+def resolve_url(raw: str | None) -> DatabaseURL:
+    """Turn a flag/env value into an async URL; None or "" selects the embedded default."""
+    if not raw:
+        return _sqlite(default_sqlite_path())
+    if "://" not in raw:
+        # A bare path is the friendliest way to name a SQLite file.
+        return _sqlite(Path(raw).expanduser())
+    try:
+        url = make_url(raw)
+    except ArgumentError as e:
+        raise BadDatabaseURL(f"malformed database URL ({e}); expected one of {_SUPPORTED}") from e
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    if backend == "sqlite":
+        if driver not in ("pysqlite", "aiosqlite"):
+            raise BadDatabaseURL(f"unsupported SQLite driver {driver!r}; use sqlite+aiosqlite://")
+        if not url.database or url.database == ":memory:":
+            raise BadDatabaseURL(
+                "an in-memory SQLite database cannot be shared between connections; "
+                "give a file path: sqlite:///path/to/rolltap.sqlite"
+            )
+        return _sqlite(Path(url.database).expanduser())
+    if backend in ("postgresql", "postgres"):
+        if driver not in ("asyncpg", "psycopg2", "psycopg"):
+            raise BadDatabaseURL(
+                f"unsupported PostgreSQL driver {driver!r}; use postgresql+asyncpg://"
+            )
+        if not url.database:
+            raise BadDatabaseURL(f"the URL {url.render_as_string()} names no database")
+        return DatabaseURL(url.set(drivername="postgresql+asyncpg"))
+    raise BadDatabaseURL(
+        f"unsupported database {backend!r} in {url.render_as_string()}; "
+        f"expected one of {_SUPPORTED}"
+    )
+
+
+def _sqlite(path: Path) -> DatabaseURL:
+    path = path.absolute()
+    if path.exists() and path.is_dir():
+        raise BadDatabaseURL(f"{path} is a directory; give the path of a SQLite file")
+    return DatabaseURL(URL.create("sqlite+aiosqlite", database=str(path)))

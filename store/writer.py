@@ -1,0 +1,314 @@
+"""Group commit: one task turns every queued write into one transaction, one fsync per batch.
+
+Callers get a future per write that resolves once its transaction committed, so a proxy can hold
+a response's last byte until its record is durable, while a thousand calls per second cost a few
+dozen commits. A batch that fails is retried one write at a time, so one bad write fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import insert, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from rolltap.store import compress, queries
+from rolltap.store.database import Database
+from rolltap.store.delta import KnownCall, RecentCalls, choose_parent
+from rolltap.store.errors import NotFound, WriterClosed
+from rolltap.store.ids import hash_key, new_id, new_key
+from rolltap.store.models import (
+    RolloutStatus,
+    call_body_table,
+    call_table,
+    choice_table,
+    rollout_table,
+)
+from rolltap.store.packing import pack
+from rolltap.store.records import CallReceipt, CallRecord, CreatedRollout, NewRollout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AppendCall:
+    record: CallRecord
+
+
+@dataclass(frozen=True)
+class CreateRollout:
+    new: NewRollout
+
+
+@dataclass(frozen=True)
+class UpdateRollout:
+    rollout_id: str
+    values: dict[str, Any]
+
+
+Op = AppendCall | CreateRollout | UpdateRollout
+
+
+@dataclass
+class _Pending:
+    op: Op
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class _Staged:
+    """What a transaction added, merged into the writer's caches only once it committed."""
+
+    next_seq: dict[str, int] = field(default_factory=dict)
+    known: dict[str, list[KnownCall]] = field(default_factory=dict)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    choices: list[dict[str, Any]] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+_STOP = object()
+
+
+class GroupCommitWriter:
+    def __init__(self, db: Database, *, max_batch: int = 512, recent: RecentCalls | None = None):
+        self._db = db
+        self._max_batch = max_batch
+        self._recent = recent or RecentCalls()
+        self._next_seq: dict[str, int] = {}
+        self._queue: asyncio.Queue[_Pending | object] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.commits = 0
+        """Transactions committed so far (the benchmark reports writes per commit)."""
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="rolltap-writer")
+
+    async def close(self) -> None:
+        """Commit everything already submitted, then stop."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put_nowait(_STOP)
+        if self._task is not None:
+            await self._task
+
+    def submit(self, op: Op) -> asyncio.Future[Any]:
+        if self._closed:
+            raise WriterClosed("the store is closed")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(op, future))
+        return future
+
+    async def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            item = await self._queue.get()
+            if item is _STOP:
+                break
+            batch = [item]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                more = self._queue.get_nowait()
+                if more is _STOP:
+                    stopping = True
+                    break
+                batch.append(more)
+            await self._commit([p for p in batch if isinstance(p, _Pending)])
+
+    async def _commit(self, batch: list[_Pending], *, retried: bool = False) -> None:
+        try:
+            results = await self._transaction(batch)
+        except Exception as e:
+            # Another process may have appended to one of these rollouts: the cached sequence
+            # numbers and recent calls are stale. Forget them and redo each write on its own.
+            for pending in batch:
+                if isinstance(pending.op, AppendCall):
+                    self.forget(pending.op.record.rollout_id)
+            if len(batch) > 1:
+                for pending in batch:
+                    await self._commit([pending])
+                return
+            if isinstance(e, IntegrityError) and not retried:
+                await self._commit(batch, retried=True)
+                return
+            log.debug("store write failed: %r", e)
+            if not batch[0].future.done():
+                batch[0].future.set_exception(e)
+            return
+        for pending, result in zip(batch, results, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(result)
+
+    async def _transaction(self, batch: list[_Pending]) -> list[Any]:
+        staged = _Staged()
+        results: list[Any] = []
+        async with self._db.writer.begin() as conn:
+            for pending in batch:
+                op = pending.op
+                if isinstance(op, AppendCall):
+                    results.append(await self._stage_call(conn, op.record, staged))
+                    continue
+                await self._flush(conn, staged)
+                if isinstance(op, CreateRollout):
+                    results.append(await _create_rollout(conn, op.new))
+                else:
+                    await _update_rollout(conn, op.rollout_id, op.values)
+                    results.append(None)
+            await self._flush(conn, staged)
+        self.commits += 1
+        self._next_seq.update(staged.next_seq)
+        for rollout_id, known in staged.known.items():
+            for k in known:
+                self._recent.add(rollout_id, k)
+        return results
+
+    async def _stage_call(
+        self, conn: AsyncConnection, record: CallRecord, staged: _Staged
+    ) -> CallReceipt:
+        rid = record.rollout_id
+        seq = staged.next_seq.get(rid) or self._next_seq.get(rid)
+        if seq is None:
+            seq = await queries.next_seq(conn, rid)
+        staged.next_seq[rid] = seq + 1
+        call_id = new_id()
+
+        parent_id: str | None = None
+        parent_choice: int | None = None
+        shared = 0
+        suffix = None
+        if record.prompt_ids is not None:
+            if rid not in self._recent:
+                self._recent.load(
+                    rid, await queries.recent_known_calls(conn, rid, self._recent.per_rollout)
+                )
+            candidates = list(reversed(staged.known.get(rid, []))) + self._recent.candidates(rid)
+            ref = choose_parent(record.prompt_ids, candidates)
+            parent_id, parent_choice, shared, suffix = (
+                ref.parent_id,
+                ref.parent_choice,
+                ref.shared,
+                ref.suffix,
+            )
+            completions = {c.index: c.token_ids for c in record.choices}
+            staged.known.setdefault(rid, []).append(
+                KnownCall(call_id, record.prompt_ids, completions)
+            )
+
+        usage = record.usage or {}
+        prompt_tokens = (
+            len(record.prompt_ids)
+            if record.prompt_ids is not None
+            else int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        )
+        completion_tokens = sum(len(c.token_ids) for c in record.choices) or int(
+            usage.get("completion_tokens") or usage.get("output_tokens") or 0
+        )
+        finish_reason = record.finish_reason
+        if finish_reason is None and record.choices:
+            finish_reason = record.choices[0].finish_reason
+        staged.calls.append(
+            {
+                "id": call_id,
+                "rollout_id": rid,
+                "seq": seq,
+                "dialect": record.dialect.value,
+                "purpose": record.purpose,
+                "model": record.model,
+                "backend": record.backend,
+                "status": record.status.value,
+                "http_status": record.http_status,
+                "error": record.error,
+                "stream": record.stream,
+                "capture": record.capture.value,
+                "received_at": record.received_at,
+                "dispatched_at": record.dispatched_at,
+                "first_token_at": record.first_token_at,
+                "finished_at": record.finished_at,
+                "weight_version": record.weight_version,
+                "finish_reason": finish_reason,
+                "usage": record.usage,
+                "retry_count": record.retry_count,
+                "body_hash": record.body_hash,
+                "retry_of": record.retry_of,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "n_choices": len(record.choices),
+                "prompt_parent_id": parent_id,
+                "prompt_parent_choice": parent_choice,
+                "prompt_shared": shared,
+                "prompt_suffix": None if suffix is None else pack(suffix),
+            }
+        )
+        for choice in record.choices:
+            staged.choices.append(
+                {
+                    "call_id": call_id,
+                    "idx": choice.index,
+                    "finish_reason": choice.finish_reason,
+                    "n_tokens": len(choice.token_ids),
+                    "token_ids": pack(choice.token_ids),
+                    "logprobs": None if choice.logprobs is None else pack(choice.logprobs),
+                }
+            )
+        if record.request_body or record.engine_request or record.response_body:
+            staged.bodies.append(
+                {
+                    "call_id": call_id,
+                    "request": compress.deflate(record.request_body),
+                    "engine_request": compress.deflate(record.engine_request),
+                    "response": compress.deflate(record.response_body),
+                }
+            )
+        return CallReceipt(call_id, seq)
+
+    async def _flush(self, conn: AsyncConnection, staged: _Staged) -> None:
+        if staged.calls:
+            await conn.execute(insert(call_table), staged.calls)
+            staged.calls = []
+        if staged.choices:
+            await conn.execute(insert(choice_table), staged.choices)
+            staged.choices = []
+        if staged.bodies:
+            await conn.execute(insert(call_body_table), staged.bodies)
+            staged.bodies = []
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop cached state of a rollout (it finished, or another process writes to it)."""
+        self._recent.forget(rollout_id)
+        self._next_seq.pop(rollout_id, None)
+
+
+async def _create_rollout(conn: AsyncConnection, new: NewRollout) -> CreatedRollout:
+    rollout_id, key = new_id(), new.key or new_key()
+    await conn.execute(
+        insert(rollout_table).values(
+            id=rollout_id,
+            key_hash=hash_key(key),
+            batch_id=new.batch_id,
+            task_id=new.task_id,
+            sample_index=new.sample_index,
+            harness=new.harness,
+            model=new.model,
+            status=RolloutStatus.PENDING.value,
+            max_calls=new.max_calls,
+            max_tokens=new.max_tokens,
+            created_at=datetime.now(UTC),
+            metadata=new.meta,
+        )
+    )
+    return CreatedRollout(rollout_id, key)
+
+
+async def _update_rollout(conn: AsyncConnection, rollout_id: str, values: dict[str, Any]) -> None:
+    table = rollout_table
+    if "meta" in values:
+        values = dict(values)
+        values["metadata"] = values.pop("meta")
+    result = await conn.execute(update(table).where(table.c.id == rollout_id).values(**values))
+    if result.rowcount == 0:
+        raise NotFound(f"no rollout {rollout_id!r}")

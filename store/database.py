@@ -27,7 +27,7 @@ class Database:
 
     async def dispose(self) -> None:
         await self.writer.dispose()
-        if self.reader is not self.writer:
+        if self.reader.pool is not self.writer.pool:
             await self.reader.dispose()
 
     @contextlib.asynccontextmanager
@@ -49,7 +49,10 @@ def open_database(url: DatabaseURL) -> Database:
     engine = create_async_engine(
         url.url, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800
     )
-    return Database(url, engine, engine)
+    # A read of a rollout takes several statements (prompts, then choices); under READ
+    # COMMITTED another process's commit could land between them. One snapshot per read.
+    reader = engine.execution_options(isolation_level="REPEATABLE READ")
+    return Database(url, engine, reader)
 
 
 def _sqlite_engine(url: DatabaseURL, begin: str, pool_size: int) -> AsyncEngine:

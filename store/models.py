@@ -228,3 +228,90 @@ rollout_table = cast(Table, Rollout.__table__)
 call_table = cast(Table, Call.__table__)
 choice_table = cast(Table, Choice.__table__)
 call_body_table = cast(Table, CallBody.__table__)
+
+
+# --- trajectory analysis (where a rollout's token chain broke) ------------------------------
+
+
+class LinkKind(enum.StrEnum):
+    BREAK = "break"
+    """The same line carried on, but its prompt did not extend what came before: drift."""
+    SIDE = "side"
+    """A side call (title, summary, sub-agent) branching off the line it shares a prefix with."""
+    SIBLING = "sibling"
+    """Another choice of an `n > 1` call."""
+
+
+class DriftClass(enum.StrEnum):
+    RETOKENIZATION = "retokenization"
+    """The same text came back as different ids."""
+    REASONING_STRIPPED = "reasoning_stripped"
+    """Sampled reasoning (`<think>`) was left out of the later context."""
+    REASONING_INSERTED = "reasoning_inserted"
+    """Reasoning markup the model did not sample was put into the later context."""
+    TOOL_ARGS = "tool_args_reserialized"
+    """The same tool-call arguments came back serialised differently."""
+    HISTORY_EDITED = "history_edited"
+    """The harness dropped, inserted or changed messages (compaction, reminders, truncation)."""
+    TEMPLATE_GLUE = "template_glue"
+    """The template rendered the same messages differently: separators, whitespace, specials."""
+    TEXT_ONLY = "text_only"
+    """A call without token ids sat between: the chain cannot be carried through it."""
+    OTHER = "other"
+
+
+class SegmentBreak(Base):
+    """One row per call that started a linked segment: a drift break or a side call."""
+
+    __tablename__ = "segment_break"
+
+    call_id: Mapped[str] = mapped_column(
+        ForeignKey("call.id", ondelete="CASCADE"), primary_key=True
+    )
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollout.id", ondelete="CASCADE"))
+    segment: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    drift: Mapped[str | None] = mapped_column(String(32))
+    """The drift class of a break; None for a side call."""
+    parent_call_id: Mapped[str | None] = mapped_column(ForeignKey("call.id", ondelete="SET NULL"))
+    parent_choice: Mapped[int | None] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(Integer)
+    """Index of the first token that differs from the parent's sequence."""
+    detail: Mapped[dict[str, Any] | None]
+
+    __table_args__ = (
+        CheckConstraint(_in("kind", LinkKind), name="kind"),
+        CheckConstraint(_in("drift", DriftClass), name="drift"),
+        Index(None, "rollout_id"),
+        Index(None, "drift"),
+    )
+
+
+class RolloutFaithfulness(Base):
+    """A rollout's faithfulness summary, as of the last analysis."""
+
+    __tablename__ = "rollout_faithfulness"
+
+    rollout_id: Mapped[str] = mapped_column(
+        ForeignKey("rollout.id", ondelete="CASCADE"), primary_key=True
+    )
+    analyzed_at: Mapped[datetime]
+    calls: Mapped[int] = mapped_column(Integer)
+    """Calls the rollout had when analysed: fewer than it has now means the row is stale."""
+    segments: Mapped[int] = mapped_column(Integer)
+    sampled_tokens: Mapped[int] = mapped_column(Integer)
+    lost_tokens: Mapped[int] = mapped_column(Integer)
+    """Sampled tokens that a later call of the same line did not see verbatim."""
+    share: Mapped[float] = mapped_column(Float)
+    """1 - lost / sampled: the share of sampled tokens still in the context they came from."""
+    breaks: Mapped[dict[str, Any]]
+    """Number of breaks by drift class."""
+    side_calls: Mapped[int] = mapped_column(Integer)
+    text_only_calls: Mapped[int] = mapped_column(Integer)
+    skipped_calls: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index(None, "share"),)
+
+
+segment_break_table = cast(Table, SegmentBreak.__table__)
+rollout_faithfulness_table = cast(Table, RolloutFaithfulness.__table__)

@@ -203,6 +203,9 @@ async def rollout_tokens(
     choices: dict[str, list[ChoiceTokens]] = {s.call_id: [] for s in stored}
     completions: dict[tuple[str, int], IdArray] = {}
     for call_id, idx, finish, ids_blob, lp_blob in await conn.execute(choice_query):
+        if call_id not in choices:
+            # Committed by another writer after the first statement read the prompts.
+            continue
         ids = unpack_ids(ids_blob)
         completions[(call_id, idx)] = ids
         choices[call_id].append(ChoiceTokens(idx, ids, unpack_logprobs(lp_blob), finish))
@@ -226,9 +229,24 @@ async def recent_known_calls(conn: AsyncConnection, rollout_id: str, n: int) -> 
     ]
 
 
-async def next_seq(conn: AsyncConnection, rollout_id: str) -> int:
-    value = await conn.scalar(select(func.max(C.c.seq)).where(C.c.rollout_id == rollout_id))
-    return int(value or 0) + 1
+async def lock_next_seqs(conn: AsyncConnection, rollout_ids: Sequence[str]) -> dict[str, int]:
+    """Next free seq per rollout, locking the rollouts' rows until the transaction ends.
+
+    The row lock serialises writers of the same rollout across processes on PostgreSQL; on
+    SQLite the writer's BEGIN IMMEDIATE already holds the database's write lock. The maximum is
+    read by a second statement: one statement would keep the snapshot it took before waiting.
+    """
+    if conn.dialect.name == "postgresql":
+        await conn.execute(
+            select(R.c.id).where(R.c.id.in_(rollout_ids)).order_by(R.c.id).with_for_update()
+        )
+    rows = await conn.execute(
+        select(C.c.rollout_id, func.max(C.c.seq))
+        .where(C.c.rollout_id.in_(rollout_ids))
+        .group_by(C.c.rollout_id)
+    )
+    last: dict[str, int | None] = {rid: value for rid, value in rows}
+    return {rid: int(last.get(rid) or 0) + 1 for rid in rollout_ids}
 
 
 async def latest_call_with_body(

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import insert, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from rolltap.store import compress, queries
@@ -79,7 +78,6 @@ class GroupCommitWriter:
         self._db = db
         self._max_batch = max_batch
         self._recent = recent or RecentCalls()
-        self._next_seq: dict[str, int] = {}
         self._queue: asyncio.Queue[_Pending | object] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -120,21 +118,14 @@ class GroupCommitWriter:
                 batch.append(more)
             await self._commit([p for p in batch if isinstance(p, _Pending)])
 
-    async def _commit(self, batch: list[_Pending], *, retried: bool = False) -> None:
+    async def _commit(self, batch: list[_Pending]) -> None:
         try:
             results = await self._transaction(batch)
         except Exception as e:
-            # Another process may have appended to one of these rollouts: the cached sequence
-            # numbers and recent calls are stale. Forget them and redo each write on its own.
-            for pending in batch:
-                if isinstance(pending.op, AppendCall):
-                    self.forget(pending.op.record.rollout_id)
             if len(batch) > 1:
+                # One bad write must not fail the others: redo each on its own.
                 for pending in batch:
                     await self._commit([pending])
-                return
-            if isinstance(e, IntegrityError) and not retried:
-                await self._commit(batch, retried=True)
                 return
             log.debug("store write failed: %r", e)
             if not batch[0].future.done():
@@ -148,6 +139,9 @@ class GroupCommitWriter:
         staged = _Staged()
         results: list[Any] = []
         async with self._db.writer.begin() as conn:
+            appended = {p.op.record.rollout_id for p in batch if isinstance(p.op, AppendCall)}
+            if appended:
+                staged.next_seq = await queries.lock_next_seqs(conn, sorted(appended))
             for pending in batch:
                 op = pending.op
                 if isinstance(op, AppendCall):
@@ -161,7 +155,6 @@ class GroupCommitWriter:
                     results.append(None)
             await self._flush(conn, staged)
         self.commits += 1
-        self._next_seq.update(staged.next_seq)
         for rollout_id, known in staged.known.items():
             for k in known:
                 self._recent.add(rollout_id, k)
@@ -171,9 +164,8 @@ class GroupCommitWriter:
         self, conn: AsyncConnection, record: CallRecord, staged: _Staged
     ) -> CallReceipt:
         rid = record.rollout_id
-        seq = staged.next_seq.get(rid) or self._next_seq.get(rid)
-        if seq is None:
-            seq = await queries.next_seq(conn, rid)
+        # A rollout created in this same transaction was not there when the seqs were locked.
+        seq = staged.next_seq.get(rid, 1)
         staged.next_seq[rid] = seq + 1
         call_id = new_id()
 
@@ -278,9 +270,8 @@ class GroupCommitWriter:
             staged.bodies = []
 
     def forget(self, rollout_id: str) -> None:
-        """Drop cached state of a rollout (it finished, or another process writes to it)."""
+        """Drop the cached recent calls of a rollout that will get no more calls."""
         self._recent.forget(rollout_id)
-        self._next_seq.pop(rollout_id, None)
 
 
 async def _create_rollout(conn: AsyncConnection, new: NewRollout) -> CreatedRollout:

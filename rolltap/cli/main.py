@@ -7,6 +7,8 @@ import click
 from rolltap import __version__
 from rolltap.cli.db import db
 from rolltap.cli.inspect import ls, show
+from rolltap.cli.harness import harness
+from rolltap.cli.model import model
 from rolltap.store.errors import StoreError
 
 
@@ -29,7 +31,13 @@ def cli() -> None:
 cli.add_command(db)
 cli.add_command(ls)
 cli.add_command(show)
+cli.add_command(model)
+cli.add_command(harness)
 
 
 def main() -> None:
     cli(prog_name="rolltap")
+
+
+if __name__ == "__main__":
+    main()

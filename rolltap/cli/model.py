@@ -1,0 +1,10 @@
+"""`rolltap model ...`: the built-in model backend."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def model() -> None:
+    """The built-in model backend (transformers + torch, vLLM's wire format)."""

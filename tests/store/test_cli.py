@@ -1,0 +1,58 @@
+"""`rolltap ls` and `rolltap show` on a real store."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rolltap.cli.main import cli
+from rolltap.store import NewRollout, Store
+from tests.support.records import call
+
+
+def _populate(url: str) -> tuple[str, str]:
+    async def run() -> tuple[str, str]:
+        store = await Store.connect(url)
+        old = await store.create_rollout(NewRollout(batch_id="b", task_id="old-task"))
+        new = await store.create_rollout(NewRollout(batch_id="b", task_id="new-task"))
+        await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6, 7], purpose="title"))
+        await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 7, 8], [9]))
+        await store.update_rollout(new.id, status="succeeded", reward=1.0)
+        await store.close()
+        return old.id, new.id
+
+    return asyncio.run(run())
+
+
+def test_ls_lists_newest_first_with_counts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.sqlite"
+    old, new = _populate(url)
+
+    result = CliRunner().invoke(cli, ["ls", "--db", url])
+
+    assert result.exit_code == 0, result.output
+    lines = [line.split() for line in result.output.splitlines()[1:]]
+    assert [line[0] for line in lines] == [new, old]
+    assert lines[0][3:7] == ["succeeded", "1", "2", "16"]
+    assert lines[1][3:7] == ["pending", "-", "0", "0"]
+
+
+def test_show_prints_one_line_per_call(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.sqlite"
+    _, new = _populate(url)
+
+    result = CliRunner().invoke(cli, ["show", new], env={"ROLLTAP_DB": url})
+
+    assert result.exit_code == 0, result.output
+    assert f"rollout {new}" in result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip()[:1].isdigit()]
+    assert [(r[0], r[4], r[5]) for r in rows] == [("1", "3", "4"), ("2", "8", "1")]
+    assert "title" in result.output
+
+
+def test_show_unknown_rollout(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["show", "nope", "--db", f"sqlite:///{tmp_path}/s.sqlite"])
+    assert result.exit_code == 1
+    assert "no rollout 'nope'" in result.output

@@ -1,0 +1,79 @@
+"""Database URLs: the embedded default, normalisation, and clear errors for bad ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rolltap.store import BadDatabaseURL, DatabaseUnavailable, Store, resolve_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("sqlite:////tmp/a.sqlite", "sqlite+aiosqlite:////tmp/a.sqlite"),
+        ("sqlite+aiosqlite:////tmp/a.sqlite", "sqlite+aiosqlite:////tmp/a.sqlite"),
+        ("/tmp/b.sqlite", "sqlite+aiosqlite:////tmp/b.sqlite"),
+        ("postgresql+asyncpg://u@h:5432/db", "postgresql+asyncpg://u@h:5432/db"),
+        ("postgresql://u@h/db", "postgresql+asyncpg://u@h/db"),
+    ],
+)
+def test_urls_are_normalised_to_async_drivers(raw: str, expected: str) -> None:
+    assert resolve_url(raw).render() == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("mysql://u@h/db", "unsupported database 'mysql'"),
+        ("sqlite://", "in-memory"),
+        ("sqlite:///:memory:", "in-memory"),
+        ("postgresql://u@h", "names no database"),
+        ("postgresql+pg8000://u@h/db", "unsupported PostgreSQL driver"),
+        ("://nonsense", "malformed"),
+    ],
+)
+def test_bad_urls_are_refused_clearly(raw: str, message: str) -> None:
+    with pytest.raises(BadDatabaseURL, match=message):
+        resolve_url(raw)
+
+
+def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
+    with pytest.raises(BadDatabaseURL, match="is a directory"):
+        resolve_url(str(tmp_path))
+
+
+async def test_unreachable_server_names_the_url_without_password() -> None:
+    with pytest.raises(DatabaseUnavailable) as caught:
+        await Store.connect("postgresql+asyncpg://alice:s3cret-pw@127.0.0.1:1/rolltap")
+    assert "127.0.0.1:1/rolltap" in str(caught.value)
+    assert "s3cret-pw" not in str(caught.value)
+
+
+async def test_unwritable_sqlite_location_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(DatabaseUnavailable, match="cannot create"):
+        await Store.connect(f"sqlite:///{blocker}/sub/store.sqlite")
+
+
+def test_embedded_default_is_created_and_migrated_on_first_use(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
+    env.pop("ROLLTAP_DB", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "rolltap.cli.main", "ls"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no rollouts yet" in result.stdout
+    assert (tmp_path / "data" / "rolltap" / "rolltap.sqlite").is_file()

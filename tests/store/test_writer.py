@@ -1,0 +1,101 @@
+"""Group commit: many writes share a transaction, each caller still learns of its own durability."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rolltap.store import NewRollout, NotFound, Store, StoreReader
+from tests.support.records import call
+
+
+async def test_concurrent_appends_share_commits_and_are_durable_when_awaited(
+    store: Store, db_url: str
+) -> None:
+    rollouts = [await store.create_rollout(NewRollout(task_id=f"t{i}")) for i in range(20)]
+    commits_before = store.commits
+
+    receipts = await asyncio.gather(
+        *(store.append_call(call(r.id, [i, i + 1], [i + 2])) for i in range(25) for r in rollouts)
+    )
+
+    assert len({r.call_id for r in receipts}) == 500
+    assert store.commits - commits_before < 100
+    # Durable means visible to an independent connection (another process would see it too).
+    other = await Store.connect(db_url)
+    try:
+        counts = [len(await other.calls(r.id)) for r in rollouts]
+    finally:
+        await other.close()
+    assert counts == [25] * 20
+
+
+async def test_one_bad_write_fails_alone(store: Store) -> None:
+    rollout = await store.create_rollout()
+    good = [store.append_call(call(rollout.id, [1], [2])) for _ in range(5)]
+    bad = store.update_rollout("no-such-rollout", status="failed")
+    orphan = store.append_call(call("no-such-rollout", [1], [2]))
+
+    results = await asyncio.gather(*good, bad, orphan, return_exceptions=True)
+
+    assert all(not isinstance(r, BaseException) for r in results[:5])
+    assert isinstance(results[5], NotFound)
+    assert isinstance(results[6], Exception)
+    assert [c.seq for c in await store.calls(rollout.id)] == [1, 2, 3, 4, 5]
+
+
+async def test_rollout_lifecycle_and_listing(store: Store) -> None:
+    first = await store.create_rollout(NewRollout(batch_id="b1", task_id="a", sample_index=0))
+    second = await store.create_rollout(NewRollout(batch_id="b1", task_id="a", sample_index=1))
+    other = await store.create_rollout(NewRollout(batch_id="b2", task_id="z"))
+    await store.update_rollout(first.id, status="running")
+    await store.update_rollout(
+        first.id, status="succeeded", reward=0.5, reward_details={"reward": 0.5, "tests": 3}
+    )
+    await store.append_call(call(first.id, [1, 2, 3], [4, 5]))
+
+    listed = await store.rollouts(batch="b1")
+    assert [r.id for r in listed] == [second.id, first.id]
+    done = await store.rollout(first.id)
+    assert (done.status.value, done.reward, done.n_calls, done.n_tokens) == ("succeeded", 0.5, 1, 5)
+    assert done.reward_details == {"reward": 0.5, "tests": 3}
+    assert done.started_at is not None and done.finished_at is not None
+    assert done.started_at <= done.finished_at
+    assert [r.id for r in await store.rollouts(status="pending")] == [other.id, second.id]
+    assert (await store.rollout_by_key(first.key)) == done
+    assert await store.rollout_by_key("rk-not-a-key") is None
+
+
+async def test_the_secret_key_is_stored_only_as_a_hash(store: Store) -> None:
+    created = await store.create_rollout()
+    async with store.db.read() as conn:
+        from sqlalchemy import text
+
+        row = (await conn.execute(text("SELECT * FROM rollout"))).one()
+    assert created.key not in [str(v) for v in row]
+
+
+async def test_a_batch_never_holds_the_same_sample_twice(store: Store) -> None:
+    await store.create_rollout(NewRollout(batch_id="b", task_id="t", sample_index=0))
+    with pytest.raises(Exception, match="(?i)unique"):
+        await store.create_rollout(NewRollout(batch_id="b", task_id="t", sample_index=0))
+
+
+def test_sync_reader_works_inside_a_running_event_loop(db_url: str) -> None:
+    async def write() -> str:
+        store = await Store.connect(db_url)
+        rollout = await store.create_rollout(NewRollout(task_id="sync"))
+        await store.append_call(call(rollout.id, [7, 8], [9]))
+        await store.close()
+        return rollout.id
+
+    rollout_id = asyncio.run(write())
+
+    async def read_from_a_coroutine() -> list[int]:
+        # A trainer's own loop is running here; the reader must not need it.
+        with StoreReader(db_url) as reader:
+            (tokens,) = reader.rollout_tokens(rollout_id).values()
+            return tokens.prompt_ids.tolist()
+
+    assert asyncio.run(read_from_a_coroutine()) == [7, 8]

@@ -36,7 +36,7 @@ from rolltap.store import (
 from rolltap.store.models import call_table, choice_table
 
 PROMPT, COMPLETION = 4096, 300
-WORDS = np.array("the of and to in is for that with on as by this from at be it or".split())
+WORDS = np.array(["the", "of", "and", "to", "in", "is", "for", "that", "with", "on", "as", "by"])
 
 
 def _record(rollout_id: str, rng: np.random.Generator, prompt: np.ndarray) -> CallRecord:

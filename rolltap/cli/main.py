@@ -6,8 +6,8 @@ import click
 
 from rolltap import __version__
 from rolltap.cli.db import db
-from rolltap.cli.inspect import ls, show
 from rolltap.cli.harness import harness
+from rolltap.cli.inspect import ls, show
 from rolltap.cli.model import model
 from rolltap.store.errors import StoreError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import text
 
 from rolltap.store import NewRollout, NotFound, Store, StoreReader
 from tests.support.records import call
@@ -60,7 +61,8 @@ async def test_rollout_lifecycle_and_listing(store: Store) -> None:
     done = await store.rollout(first.id)
     assert (done.status.value, done.reward, done.n_calls, done.n_tokens) == ("succeeded", 0.5, 1, 5)
     assert done.reward_details == {"reward": 0.5, "tests": 3}
-    assert done.started_at is not None and done.finished_at is not None
+    assert done.started_at is not None
+    assert done.finished_at is not None
     assert done.started_at <= done.finished_at
     assert [r.id for r in await store.rollouts(status="pending")] == [other.id, second.id]
     assert (await store.rollout_by_key(first.key)) == done
@@ -70,15 +72,13 @@ async def test_rollout_lifecycle_and_listing(store: Store) -> None:
 async def test_the_secret_key_is_stored_only_as_a_hash(store: Store) -> None:
     created = await store.create_rollout()
     async with store.db.read() as conn:
-        from sqlalchemy import text
-
         row = (await conn.execute(text("SELECT * FROM rollout"))).one()
     assert created.key not in [str(v) for v in row]
 
 
 async def test_a_batch_never_holds_the_same_sample_twice(store: Store) -> None:
     await store.create_rollout(NewRollout(batch_id="b", task_id="t", sample_index=0))
-    with pytest.raises(Exception, match="(?i)unique"):
+    with pytest.raises(Exception, match=r"(?i)unique"):
         await store.create_rollout(NewRollout(batch_id="b", task_id="t", sample_index=0))
 
 

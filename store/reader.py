@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
+from rolltap.store.drift import Detokenizer
 from rolltap.store.records import CallBodies, CallTokens, CallView, RolloutView
 from rolltap.store.store import Store
+from rolltap.store.trajectory import CHUNK, RolloutTrajectories, Trajectory
 from rolltap.store.url import DatabaseURL
 
 T = TypeVar("T")
@@ -98,6 +100,46 @@ class StoreReader:
 
     def call_bodies(self, call_id: str) -> CallBodies:
         return self.run(self._store.call_bodies(call_id))
+
+    def trajectories(
+        self,
+        *,
+        batch: str | Sequence[str] | None = None,
+        rollouts: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        detokenizer: Detokenizer | None = None,
+    ) -> Iterator[Trajectory]:
+        """Every segment of the selected rollouts as a trajectory (numpy arrays), oldest first."""
+        for built in self.iter_rollout_trajectories(
+            batch=batch, rollouts=rollouts, status=status, detokenizer=detokenizer
+        ):
+            yield from built.trajectories
+
+    def iter_rollout_trajectories(
+        self,
+        *,
+        batch: str | Sequence[str] | None = None,
+        rollouts: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        detokenizer: Detokenizer | None = None,
+        chunk: int = CHUNK,
+    ) -> Iterator[RolloutTrajectories]:
+        """Rollout by rollout, with each one's breaks and faithfulness summary."""
+        ids = [rollouts] if isinstance(rollouts, str) else rollouts
+        views = self.rollouts(batch=batch, status=status, ids=ids, oldest_first=True)
+        for start in range(0, len(views), chunk):
+            part = views[start : start + chunk]
+            yield from self.run(self._store.build_trajectories(part, detokenizer=detokenizer))
+
+    def rollout_trajectories(
+        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
+    ) -> RolloutTrajectories:
+        return self.run(self._store.rollout_trajectories(rollout_id, detokenizer=detokenizer))
+
+    def analyze_rollout(
+        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
+    ) -> RolloutTrajectories:
+        return self.run(self._store.analyze_rollout(rollout_id, detokenizer=detokenizer))
 
 
 def open(url: str | DatabaseURL | None = None) -> StoreReader:

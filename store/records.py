@@ -70,6 +70,8 @@ class CallRecord:
     request_body: bytes | None = None
     engine_request: bytes | None = None
     response_body: bytes | None = None
+    call_id: str | None = None
+    """An id chosen by the caller (the proxy sends it to the engine as X-Request-Id)."""
 
 
 @dataclass(frozen=True)

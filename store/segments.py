@@ -272,7 +272,7 @@ class _Builder:
         index = len(self.segments)
         role = SegmentRole.SIDE if side else SegmentRole.MAIN
         segment = Segment(index, role, [Piece(call, call.choices[0].index)])
-        parent = self._best_parent(call.prompt)
+        parent = self._best_parent(call.prompt, side=side)
         if parent is not None:
             seg, piece_call, choice, position = parent
             if not _unrelated(call, seg, position, side):
@@ -282,27 +282,28 @@ class _Builder:
         self.segments.append(segment)
         return segment
 
-    def _best_parent(self, prompt: IdArray) -> tuple[Segment, str, int | None, int] | None:
-        """The earlier sequence sharing the longest prefix with `prompt`; ties go to the newest."""
-        best: tuple[Segment, str, int | None, int] | None = None
-        for segment in sorted(self.segments, key=lambda s: -s.last_seq):
-            for piece in reversed(segment.pieces):
-                assert piece.call.prompt is not None
-                shared = common_prefix(prompt, piece.call.prompt)
-                choice: int | None = None
-                if shared == len(piece.call.prompt):
-                    shared += common_prefix(prompt[shared:], piece.sampled.token_ids)
-                    choice = piece.choice
-                if best is None or shared > best[3]:
-                    best = (segment, piece.call.id, choice, shared)
-        return best
+    def _best_parent(
+        self, prompt: IdArray, *, side: bool
+    ) -> tuple[Segment, str, int | None, int] | None:
+        """The earlier sequence sharing the longest prefix with `prompt`; ties go to the newest.
+        A main-line call looks for its parent on the main line first, side segments after."""
+        pools = [self.segments]
+        if not side:
+            main = [s for s in self.segments if s.role is not SegmentRole.SIDE]
+            pools = [main, self.segments]
+        for pool in pools:
+            best = _longest_prefix(prompt, pool)
+            if best is not None and best[3] > 0:
+                return best
+        return _longest_prefix(prompt, self.segments)
 
     def _add_siblings(self, segment: Segment, call: CallInput) -> None:
         if len(call.choices) < 2:
             return
+        assert call.prompt is not None
         main = call.choices[0]
         for other in call.choices[1:]:
-            position = len(call.prompt or ()) + common_prefix(main.token_ids, other.token_ids)
+            position = len(call.prompt) + common_prefix(main.token_ids, other.token_ids)
             link = Link(LinkKind.SIBLING, segment.index, call.id, main.index, position)
             sibling = Segment(len(self.segments), SegmentRole.SIBLING, [Piece(call, other.index)])
             sibling.link = link
@@ -363,16 +364,35 @@ def _is_side(call: CallInput) -> bool:
     return call.purpose is not None and call.purpose not in ("main", "")
 
 
+def _longest_prefix(
+    prompt: IdArray, segments: list[Segment]
+) -> tuple[Segment, str, int | None, int] | None:
+    best: tuple[Segment, str, int | None, int] | None = None
+    for segment in sorted(segments, key=lambda s: -s.last_seq):
+        for piece in reversed(segment.pieces):
+            assert piece.call.prompt is not None
+            shared = common_prefix(prompt, piece.call.prompt)
+            choice: int | None = None
+            if shared == len(piece.call.prompt):
+                shared += common_prefix(prompt[shared:], piece.sampled.token_ids)
+                choice = piece.choice
+            if best is None or shared > best[3]:
+                best = (segment, piece.call.id, choice, shared)
+    return best
+
+
 def _unrelated(call: CallInput, parent: Segment, position: int, side: bool) -> bool:
-    """A main-line call sharing little with a side segment starts a line of its own."""
+    """A main-line call sharing little with a side segment (the only kind there is so far)
+    starts a line of its own."""
     if side or parent.role is not SegmentRole.SIDE:
-        return position == 0
+        return False
     assert call.prompt is not None
     return position < SIDE_OVERLAP * len(call.prompt)
 
 
 def _extends(call: CallInput, parent: CallInput, choice: int) -> bool:
-    assert call.prompt is not None and parent.prompt is not None
+    assert call.prompt is not None
+    assert parent.prompt is not None
     sampled = parent.choice(choice).token_ids
     length = len(parent.prompt) + len(sampled)
     if call.stored_parent == (parent.id, choice, length):

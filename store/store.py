@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import migrate, queries
+from rolltap.store import migrate, queries, trajectory
 from rolltap.store.database import Database, open_database, unavailable
+from rolltap.store.drift import Detokenizer
 from rolltap.store.errors import InvalidTokens
 from rolltap.store.ids import hash_key
 from rolltap.store.models import RolloutStatus
@@ -25,10 +26,11 @@ from rolltap.store.records import (
     NewRollout,
     RolloutView,
 )
+from rolltap.store.trajectory import RolloutTrajectories, Trajectory
 from rolltap.store.url import DatabaseURL, resolve_url
 from rolltap.store.writer import AppendCall, CreateRollout, GroupCommitWriter, UpdateRollout
 
-_FINAL = {
+FINAL_STATUSES = {
     RolloutStatus.SUCCEEDED,
     RolloutStatus.FAILED,
     RolloutStatus.TIMED_OUT,
@@ -106,7 +108,7 @@ class Store:
             now = datetime.now(UTC)
             if status is RolloutStatus.RUNNING:
                 values.setdefault("started_at", now)
-            if status in _FINAL:
+            if status in FINAL_STATUSES:
                 values.setdefault("finished_at", now)
         await self._writer.submit(UpdateRollout(rollout_id, values))
 
@@ -168,6 +170,52 @@ class Store:
     ) -> tuple[str, str] | None:
         async with self.db.read() as conn:
             return await queries.latest_call_with_body(conn, rollout_id, body_hash)
+
+    # --- trajectories (see rolltap.store.trajectory) -----------------------------------------
+
+    async def rollout_trajectories(
+        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
+    ) -> RolloutTrajectories:
+        """One rollout's segments as trajectories, with its breaks and faithfulness summary."""
+        view = await self.rollout(rollout_id)
+        return (await trajectory.build(self.db, [view], detokenizer))[0]
+
+    async def build_trajectories(
+        self, rollouts: Sequence[RolloutView], *, detokenizer: Detokenizer | None = None
+    ) -> list[RolloutTrajectories]:
+        """Several rollouts at once (a few queries for all of them): for exports."""
+        return await trajectory.build(self.db, rollouts, detokenizer)
+
+    async def trajectories(
+        self,
+        *,
+        batch: str | Sequence[str] | None = None,
+        rollouts: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        detokenizer: Detokenizer | None = None,
+        chunk: int = trajectory.CHUNK,
+    ) -> AsyncIterator[Trajectory]:
+        """Every segment of the selected rollouts as a trajectory, oldest rollout first."""
+        views = await self.rollouts(
+            batch=batch, status=status, ids=_ids(rollouts), oldest_first=True
+        )
+        for start in range(0, len(views), chunk):
+            for built in await trajectory.build(self.db, views[start : start + chunk], detokenizer):
+                for t in built.trajectories:
+                    yield t
+
+    async def analyze_rollout(
+        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
+    ) -> RolloutTrajectories:
+        """Build a rollout's trajectories and record its breaks and faithfulness summary in the
+        segment_break and rollout_faithfulness tables (replacing an earlier analysis)."""
+        built = await self.rollout_trajectories(rollout_id, detokenizer=detokenizer)
+        await trajectory.record(self.db, built)
+        return built
+
+
+def _ids(rollouts: str | Sequence[str] | None) -> Sequence[str] | None:
+    return [rollouts] if isinstance(rollouts, str) else rollouts
 
 
 def _validated(record: CallRecord) -> CallRecord:

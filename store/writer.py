@@ -167,7 +167,7 @@ class GroupCommitWriter:
         # A rollout created in this same transaction was not there when the seqs were locked.
         seq = staged.next_seq.get(rid, 1)
         staged.next_seq[rid] = seq + 1
-        call_id = new_id()
+        call_id = record.call_id or new_id()
 
         parent_id: str | None = None
         parent_choice: int | None = None

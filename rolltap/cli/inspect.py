@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime
+from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from rolltap.cli.options import db_option
+from rolltap.cli.trajectory_view import render_segments, tokenizer_option
 from rolltap.store import CallView, RolloutView, StoreReader
 from rolltap.store import open as open_store
+from rolltap.store.detokenizer import HFDetokenizer
 
 
 @click.command()
@@ -48,12 +51,19 @@ def ls(db_url: str | None, batch: str | None, status: str | None, limit: int) ->
 @click.command()
 @db_option
 @click.argument("rollout_id")
-def show(db_url: str | None, rollout_id: str) -> None:
-    """Show one rollout and its calls, one line each."""
+@tokenizer_option
+def show(db_url: str | None, rollout_id: str, tokenizer: Path | None) -> None:
+    """Show one rollout, its calls one line each, then its segments and where the chain broke."""
+    detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
     with open_store(db_url) as store:
         rollout = store.rollout(rollout_id)
         calls = store.calls(rollout_id)
-        _render(_console(), store, rollout, calls)
+        console = _console()
+        _render(console, store, rollout, calls)
+        if calls:
+            render_segments(
+                console, store.rollout_trajectories(rollout_id, detokenizer=detokenizer)
+            )
 
 
 def _render(console: Console, store: StoreReader, r: RolloutView, calls: list[CallView]) -> None:

@@ -6,9 +6,11 @@ import click
 
 from rolltap import __version__
 from rolltap.cli.db import db
+from rolltap.cli.export import export
 from rolltap.cli.harness import harness
 from rolltap.cli.inspect import ls, show
 from rolltap.cli.model import model
+from rolltap.cli.serve import serve
 from rolltap.store.errors import StoreError
 
 
@@ -33,6 +35,8 @@ cli.add_command(ls)
 cli.add_command(show)
 cli.add_command(model)
 cli.add_command(harness)
+cli.add_command(serve)
+cli.add_command(export)
 
 
 def main() -> None:

@@ -1,0 +1,242 @@
+"""The admin API: rollouts, backends, pause/resume around weight updates, status.
+
+Protected by `Authorization: Bearer <admin token>` when the proxy has one (ROLLTAP_ADMIN_TOKEN).
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from rolltap.proxy.backends import parse_backend
+from rolltap.proxy.context import CONTEXT, ProxyContext
+from rolltap.proxy.errors import BadRequest, NotFoundError, ProxyError, Unauthorized
+from rolltap.store import NewRollout, NotFound, RolloutView
+from rolltap.store.export import rollout_trajectory_json
+from rolltap.store.store import FINAL_STATUSES
+
+_NEW_ROLLOUT_FIELDS = {
+    "batch_id": str,
+    "task_id": str,
+    "sample_index": int,
+    "harness": str,
+    "model": str,
+    "max_calls": int,
+    "max_tokens": int,
+    "meta": dict,
+}
+_UPDATE_FIELDS = {"status", "reward", "reward_details", "error", "meta"}
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data, default=_default), status=status, content_type="application/json"
+    )
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def _authorize(request: web.Request, ctx: ProxyContext) -> None:
+    token = ctx.settings.admin_token
+    if not token:
+        return
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise Unauthorized("admin API needs the admin token", code="invalid_admin_token")
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def rollout_json(view: RolloutView) -> dict[str, Any]:
+    data = asdict(view)
+    data["status"] = view.status.value
+    return data
+
+
+def base_url(request: web.Request, key: str) -> str:
+    return f"{request.scheme}://{request.host}/r/{key}/v1"
+
+
+@web.middleware
+async def admin_auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    if request.path.startswith("/admin"):
+        _authorize(request, request.app[CONTEXT])
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
+async def create_rollout(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    body = await _body(request)
+    fields: dict[str, Any] = {}
+    for key, value in body.items():
+        expected = _NEW_ROLLOUT_FIELDS.get(key)
+        if expected is None:
+            raise BadRequest(f"unknown field {key!r}", param=key)
+        if value is not None and (not isinstance(value, expected) or isinstance(value, bool)):
+            raise BadRequest(f"{key!r} must be {expected.__name__}", param=key)
+        fields[key] = value
+    try:
+        created = await ctx.store.create_rollout(NewRollout(**fields))
+    except Exception as e:
+        if "unique" in str(e).lower():
+            raise BadRequest("a rollout with this batch, task and sample already exists") from None
+        raise
+    return _json(
+        {"id": created.id, "key": created.key, "base_url": base_url(request, created.key)}, 201
+    )
+
+
+async def get_rollout(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    rollout_id = request.match_info["rollout_id"]
+    try:
+        view = await ctx.store.rollout(rollout_id)
+    except NotFound:
+        raise NotFoundError(f"no rollout {rollout_id!r}") from None
+    data = rollout_json(view)
+    data["backend"] = ctx.router.assigned(rollout_id)
+    return _json(data)
+
+
+async def update_rollout(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    rollout_id = request.match_info["rollout_id"]
+    body = await _body(request)
+    unknown = set(body) - _UPDATE_FIELDS
+    if unknown:
+        raise BadRequest(f"cannot update {sorted(unknown)}")
+    try:
+        await ctx.store.update_rollout(rollout_id, **body)
+    except NotFound:
+        raise NotFoundError(f"no rollout {rollout_id!r}") from None
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    view = await ctx.store.rollout(rollout_id)
+    if view.status in FINAL_STATUSES:
+        # A finished rollout gets its segments, drift breaks and faithfulness recorded.
+        await ctx.store.analyze_rollout(rollout_id)
+        ctx.store.forget(rollout_id)
+    return _json(rollout_json(view))
+
+
+async def get_trajectory(request: web.Request) -> web.Response:
+    """The rollout's token-faithful trajectories (segments, masks, logprobs, drift) as JSON."""
+    ctx = request.app[CONTEXT]
+    rollout_id = request.match_info["rollout_id"]
+    try:
+        data = await rollout_trajectory_json(ctx.store, rollout_id)
+    except NotFound:
+        raise NotFoundError(f"no rollout {rollout_id!r}") from None
+    return _json(data)
+
+
+async def list_backends(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return _json({"backends": [_backend_json(b) for b in ctx.pool.all()]})
+
+
+def _backend_json(backend: Any) -> dict[str, Any]:
+    return {
+        "url": backend.url,
+        "kind": backend.kind.value,
+        "healthy": backend.healthy,
+        "inflight": backend.inflight,
+        "served": backend.served,
+    }
+
+
+async def add_backend(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    body = await _body(request)
+    spec = body.get("url")
+    if not isinstance(spec, str):
+        raise BadRequest("'url' must be a string", param="url")
+    if isinstance(body.get("kind"), str):
+        spec = f"{body['kind']}={spec}"
+    try:
+        url, kind = parse_backend(spec)
+    except ValueError as e:
+        raise BadRequest(str(e), param="url") from None
+    backend = ctx.pool.add(url, kind)
+    await ctx.pool.check_all(ctx.client(), timeout=2.0)
+    return _json(_backend_json(backend), 201)
+
+
+async def remove_backend(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    url = request.query.get("url") or (await _body(request)).get("url")
+    if not isinstance(url, str):
+        raise BadRequest("give the backend's url", param="url")
+    removed = ctx.pool.remove(url.rstrip("/").removesuffix("/v1"))
+    if removed is None:
+        raise NotFoundError(f"no backend {url!r}")
+    return _json(_backend_json(removed))
+
+
+async def pause(request: web.Request) -> web.Response:
+    """Hold new calls; with ?wait=SECONDS, answer once in-flight calls finished."""
+    ctx = request.app[CONTEXT]
+    ctx.gate.pause()
+    wait = request.query.get("wait")
+    drained = await ctx.gate.drained(float(wait)) if wait else ctx.gate.inflight == 0
+    return _json({"paused": True, "drained": drained, "inflight": ctx.gate.inflight})
+
+
+async def resume(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    body = await _body(request)
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, str | int):
+        raise BadRequest("'weight_version' must be a string", param="weight_version")
+    ctx.gate.resume(None if version is None else str(version))
+    return _json({"paused": False, "weight_version": ctx.gate.weight_version})
+
+
+async def status(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return _json(
+        {
+            "paused": ctx.gate.paused,
+            "inflight": ctx.gate.inflight,
+            "waiting": ctx.gate.waiting,
+            "weight_version": ctx.gate.weight_version,
+            "backends": [_backend_json(b) for b in ctx.pool.all()],
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/admin/rollouts", create_rollout)
+    app.router.add_get("/admin/rollouts/{rollout_id}", get_rollout)
+    app.router.add_patch("/admin/rollouts/{rollout_id}", update_rollout)
+    app.router.add_get("/admin/rollouts/{rollout_id}/trajectory", get_trajectory)
+    app.router.add_get("/admin/backends", list_backends)
+    app.router.add_post("/admin/backends", add_backend)
+    app.router.add_delete("/admin/backends", remove_backend)
+    app.router.add_post("/admin/pause", pause)
+    app.router.add_post("/admin/resume", resume)
+    app.router.add_get("/admin/status", status)
+
+
+__all__ = ["ProxyError", "add_routes", "admin_auth"]

@@ -1,0 +1,130 @@
+"""The aiohttp application: routes, shared context, background tasks. No request logic here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from rolltap.proxy import admin
+from rolltap.proxy.backends import BackendPool, parse_backend
+from rolltap.proxy.chat import chat_completions
+from rolltap.proxy.context import CONTEXT, ProxyContext, ProxySettings
+from rolltap.proxy.errors import UpstreamUnavailable
+from rolltap.proxy.gate import Gate
+from rolltap.proxy.metrics import Gauge, ProxyMetrics
+from rolltap.proxy.middleware import errors
+from rolltap.proxy.rollouts import Rollouts, request_key
+from rolltap.proxy.routing import StickyRouter
+from rolltap.store import Store
+
+_MODELS_TTL = 10.0
+
+
+def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
+    pool = BackendPool()
+    for spec in settings.backends:
+        url, kind = parse_backend(spec)
+        pool.add(url, kind)
+    metrics = ProxyMetrics()
+    ctx = ProxyContext(
+        settings=settings,
+        store=store,
+        rollouts=Rollouts(store, open_mode=settings.open_mode),
+        pool=pool,
+        router=StickyRouter(pool),
+        gate=Gate(settings.weight_version),
+        metrics=metrics,
+    )
+    metrics.gauges.append(
+        Gauge(
+            "rolltap_backend_inflight",
+            "Calls in flight per backend.",
+            lambda: [((("backend", b.url),), b.inflight) for b in pool.all()],
+        )
+    )
+    metrics.gauges.append(
+        Gauge(
+            "rolltap_backend_healthy",
+            "1 when the backend passes health checks.",
+            lambda: [((("backend", b.url),), int(b.healthy)) for b in pool.all()],
+        )
+    )
+    metrics.gauges.append(
+        Gauge("rolltap_paused", "1 while calls are held.", lambda: [((), int(ctx.gate.paused))])
+    )
+    return ctx
+
+
+def make_app(ctx: ProxyContext, *, for_sandboxes: bool = False) -> web.Application:
+    """The proxy's routes; `for_sandboxes` leaves out admin and metrics (the unix socket)."""
+    middlewares = [errors] if for_sandboxes else [errors, admin.admin_auth]
+    app = web.Application(middlewares=middlewares, client_max_size=ctx.settings.max_body_bytes)
+    app[CONTEXT] = ctx
+    for prefix in ("/r/{key}/v1", "/v1"):
+        app.router.add_post(f"{prefix}/chat/completions", chat_completions)
+        app.router.add_get(f"{prefix}/models", models)
+    app.router.add_get("/health", health)
+    if not for_sandboxes:
+        app.router.add_get("/metrics", metrics)
+        admin.add_routes(app)
+        app.cleanup_ctx.append(_client_session)
+    return app
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    ctx = app[CONTEXT]
+    # No per-host cap: a thousand open streams to one engine is the normal case here.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+    ctx.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    checks = asyncio.get_running_loop().create_task(
+        ctx.pool.run_health_checks(ctx.session, ctx.settings.health_interval)
+    )
+    try:
+        yield
+    finally:
+        checks.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await checks
+        await ctx.session.close()
+
+
+async def models(request: web.Request) -> web.Response:
+    """The rollout's backend's model list, passed through as it answered."""
+    ctx = request.app[CONTEXT]
+    state = await ctx.rollouts.resolve(request_key(request))
+    backend = ctx.router.pick(state.id)
+    cached = ctx.models_cache.get(backend.url)
+    if cached is None or time.monotonic() - cached[0] > _MODELS_TTL:
+        try:
+            async with ctx.client().get(
+                backend.endpoint("/v1/models"), timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise UpstreamUnavailable(f"backend answered /v1/models with {resp.status}")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamUnavailable(f"backend unreachable: {type(e).__name__}") from None
+        cached = ctx.models_cache[backend.url] = (time.monotonic(), body)
+    return web.Response(body=cached[1], content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    healthy = len(ctx.pool.healthy())
+    return web.json_response(
+        {"status": "ok" if healthy else "no healthy backend", "healthy_backends": healthy},
+        status=200 if healthy else 503,
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        text=request.app[CONTEXT].metrics.render(),
+        content_type="text/plain",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )

@@ -1,0 +1,73 @@
+"""What every handler shares: settings, the store, backends, routing, the gate and metrics."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from rolltap.proxy.backends import BackendPool
+from rolltap.proxy.exchange import Exchange
+from rolltap.proxy.gate import Gate
+from rolltap.proxy.metrics import ProxyMetrics
+from rolltap.proxy.rollouts import Rollouts, RolloutState
+from rolltap.proxy.routing import StickyRouter
+from rolltap.store import CallStatus, RolloutStatus, Store
+
+log = logging.getLogger("rolltap.proxy")
+
+
+@dataclass
+class ProxySettings:
+    backends: list[str] = field(default_factory=list)
+    """Backend specs: URL (vLLM dialect) or KIND=URL; empty starts the built-in engine."""
+    host: str = "127.0.0.1"
+    port: int = 8100
+    unix_socket: str | None = None
+    """Also listen on this unix socket (sandboxes reach the proxy through it)."""
+    open_mode: bool = False
+    """Create a rollout for an unknown key on first use (local experiments only)."""
+    admin_token: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024
+    health_interval: float = 5.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 3600.0
+    """Longest silence from an engine within one answer before the call fails."""
+    weight_version: str | None = None
+
+
+@dataclass
+class ProxyContext:
+    settings: ProxySettings
+    store: Store
+    rollouts: Rollouts
+    pool: BackendPool
+    router: StickyRouter
+    gate: Gate
+    metrics: ProxyMetrics
+    session: aiohttp.ClientSession | None = None
+    models_cache: dict[str, tuple[float, bytes]] = field(default_factory=dict)
+    """Backend URL -> (fetched at, /v1/models body)."""
+
+    def client(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "the proxy's HTTP client starts with the app"
+        return self.session
+
+    async def record(self, exchange: Exchange, state: RolloutState) -> None:
+        """Make the call durable, then count it against the rollout."""
+        receipt = await self.store.append_call(exchange.to_record())
+        exchange.call_id = receipt.call_id
+        if exchange.status is not CallStatus.REJECTED:
+            state.calls += 1
+            state.tokens += exchange.prompt_tokens + exchange.completion_tokens
+        if state.status is RolloutStatus.PENDING and exchange.status is not CallStatus.REJECTED:
+            state.status = RolloutStatus.RUNNING
+            await self.store.update_rollout(state.id, status=RolloutStatus.RUNNING)
+        self.metrics.calls.inc(dialect=exchange.dialect.value, status=exchange.status.value)
+        self.metrics.tokens.inc(exchange.prompt_tokens, kind="prompt")
+        self.metrics.tokens.inc(exchange.completion_tokens, kind="completion")
+
+
+CONTEXT = web.AppKey("rolltap_context", ProxyContext)

@@ -1,0 +1,136 @@
+"""One request's life in the proxy, and the call record it becomes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from rolltap.proxy.engines import Captured
+from rolltap.proxy.errors import ProxyError
+from rolltap.store import CallDialect, CallRecord, CallStatus, Capture, ChoiceRecord
+from rolltap.store.ids import body_hash, new_id
+
+RETRY_HEADER = "x-stainless-retry-count"
+# Headers by which harnesses name side calls (title generation, compaction, sub-agents).
+PURPOSE_HEADERS = ("x-rolltap-purpose", "x-openai-subagent")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Exchange:
+    rollout_id: str
+    dialect: CallDialect
+    received_at: datetime
+    raw_body: bytes | None
+    retry_count: int = 0
+    purpose: str | None = None
+    call_id: str = field(default_factory=new_id)
+    body: dict[str, Any] | None = None
+    stream: bool = False
+    model: str | None = None
+    backend: str | None = None
+    engine_request: bytes | None = None
+    dispatched_at: datetime | None = None
+    first_token_at: datetime | None = None
+    finished_at: datetime | None = None
+    weight_version: str | None = None
+    captured: Captured = field(default_factory=Captured)
+    response_body: bytes | None = None
+    status: CallStatus = CallStatus.OK
+    http_status: int | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    retry_of: str | None = None
+    notes: list[str] = field(default_factory=list)
+    upstream_done: float | None = None
+    """perf_counter() when the engine's answer was complete (for the overhead metric)."""
+
+    @property
+    def body_hash(self) -> str | None:
+        return None if self.raw_body is None else body_hash(self.raw_body)
+
+    def reject(self, error: ProxyError) -> None:
+        self.status = CallStatus.REJECTED
+        self.http_status = error.status
+        self.error = error.message
+        self.finished_at = now()
+
+    def fail(self, status: CallStatus, http_status: int | None, error: str) -> None:
+        self.status = status
+        self.http_status = http_status
+        self.error = error
+        self.finished_at = now()
+
+    def to_record(self) -> CallRecord:
+        prompt, choices, capture = self._tokens()
+        error = "; ".join([*([self.error] if self.error else []), *self.notes]) or None
+        return CallRecord(
+            rollout_id=self.rollout_id,
+            dialect=self.dialect,
+            status=self.status,
+            capture=capture,
+            received_at=self.received_at,
+            stream=self.stream,
+            model=self.model,
+            purpose=self.purpose,
+            backend=self.backend,
+            http_status=self.http_status,
+            error=error,
+            dispatched_at=self.dispatched_at,
+            first_token_at=self.first_token_at,
+            finished_at=self.finished_at or now(),
+            weight_version=self.weight_version or self.captured.weight_version,
+            usage=self.usage,
+            retry_count=self.retry_count,
+            body_hash=self.body_hash,
+            retry_of=self.retry_of,
+            prompt_ids=prompt,
+            choices=choices,
+            request_body=self.raw_body,
+            engine_request=self.engine_request,
+            response_body=self.response_body,
+            call_id=self.call_id,
+        )
+
+    def _tokens(self) -> tuple[Any, list[ChoiceRecord], Capture]:
+        captured = self.captured
+        if not captured.choices and captured.prompt_ids is None:
+            return None, [], Capture.NONE
+        faithful = captured.prompt_ids is not None and all(
+            c.has_ids for c in captured.choices.values()
+        )
+        if not faithful:
+            self.notes.append("backend returned no token ids: text only")
+            return None, [], Capture.TEXT
+        choices = []
+        for index in sorted(captured.choices):
+            c = captured.choices[index]
+            logprobs: Any = None
+            if c.logprobs:
+                if len(c.logprobs) == len(c.token_ids):
+                    logprobs = np.asarray(c.logprobs, dtype=np.float64)
+                else:
+                    self.notes.append(
+                        f"choice {index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} "
+                        "ids; logprobs dropped"
+                    )
+            choices.append(
+                ChoiceRecord(
+                    index, np.asarray(c.token_ids, dtype=np.int64), logprobs, c.finish_reason
+                )
+            )
+        return np.asarray(captured.prompt_ids, dtype=np.int64), choices, Capture.TOKENS
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.captured.choices.values())
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.captured.prompt_ids or ())

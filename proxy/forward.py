@@ -1,0 +1,88 @@
+"""Open one engine response for a call, failing over to another backend before the first byte."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from rolltap.proxy.backends import Backend, BackendPool
+from rolltap.proxy.engines import EngineKind, Prepared
+from rolltap.proxy.errors import UpstreamUnavailable
+from rolltap.proxy.exchange import Exchange, now
+from rolltap.proxy.routing import StickyRouter
+
+log = logging.getLogger("rolltap.proxy")
+
+# A gateway-ish status from an engine means "not me, not now": try another backend.
+_RETRY_ELSEWHERE = {502, 503, 504}
+
+
+@dataclass
+class Upstream:
+    backend: Backend
+    response: aiohttp.ClientResponse
+    prepared: Prepared
+
+    def release(self, *, abort: bool = False) -> None:
+        """Let go of the engine. Aborting closes the connection, which cancels the request."""
+        if abort:
+            self.response.close()
+        else:
+            self.response.release()
+        self.backend.inflight -= 1
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession,
+    pool: BackendPool,
+    router: StickyRouter,
+    exchange: Exchange,
+    path: str,
+    prepare: Callable[[EngineKind], Prepared],
+    timeout: aiohttp.ClientTimeout,
+    tried: set[str],
+) -> Upstream:
+    """Dispatch to the rollout's backend; `tried` collects the backends that failed."""
+    last_error = "no healthy backend"
+    while True:
+        try:
+            backend = router.pick(exchange.rollout_id, exclude=frozenset(tried))
+        except UpstreamUnavailable:
+            raise UpstreamUnavailable(
+                f"no backend could take the call ({last_error})", code="backend_unavailable"
+            ) from None
+        prepared = prepare(backend.kind)
+        engine_request = orjson.dumps(prepared.body)
+        headers = {
+            "Content-Type": "application/json",
+            "X-Session-ID": exchange.rollout_id,
+            "X-Request-Id": exchange.call_id,
+        }
+        backend.inflight += 1
+        exchange.dispatched_at = now()
+        try:
+            response = await session.post(
+                backend.endpoint(path), data=engine_request, headers=headers, timeout=timeout
+            )
+        except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            backend.inflight -= 1
+            pool.mark_failed(backend)
+            tried.add(backend.url)
+            last_error = f"{backend.url}: {type(e).__name__}"
+            log.warning("backend %s failed before answering (%s); failing over", backend.url, e)
+            continue
+        if response.status in _RETRY_ELSEWHERE:
+            response.close()
+            backend.inflight -= 1
+            pool.mark_failed(backend)
+            tried.add(backend.url)
+            last_error = f"{backend.url}: HTTP {response.status}"
+            continue
+        exchange.backend = backend.url
+        exchange.engine_request = engine_request
+        backend.served += 1
+        return Upstream(backend, response, prepared)

@@ -1,0 +1,87 @@
+"""Errors become JSON in the client's dialect (OpenAI or Anthropic), with the right status."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from rolltap.proxy.errors import (
+    BadRequest,
+    NotFoundError,
+    PayloadTooLarge,
+    ProxyError,
+)
+
+log = logging.getLogger("rolltap.proxy")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_anthropic(path: str) -> bool:
+    return path.rstrip("/").endswith(("/v1/messages", "/v1/messages/count_tokens"))
+
+
+def error_body(error: ProxyError, anthropic: bool) -> bytes:
+    if anthropic:
+        return orjson.dumps(
+            {"type": "error", "error": {"type": error.anthropic_type, "message": error.message}}
+        )
+    return orjson.dumps(
+        {
+            "error": {
+                "message": error.message,
+                "type": error.type,
+                "param": error.param,
+                "code": error.code,
+            }
+        }
+    )
+
+
+def error_response(error: ProxyError, request: web.Request) -> web.Response:
+    return web.Response(
+        status=error.status,
+        body=error_body(error, is_anthropic(request.path)),
+        content_type="application/json",
+    )
+
+
+def _from_http(exc: web.HTTPException) -> ProxyError:
+    if exc.status == 404:
+        return NotFoundError(f"no route {exc.reason!s}".replace("Not Found", "for this path"))
+    if exc.status == 413:
+        return PayloadTooLarge(exc.text or "request body too large")
+    if exc.status == 405:
+        return BadRequest("method not allowed on this path", code="method_not_allowed")
+    error = BadRequest(exc.text or exc.reason)
+    error.status = exc.status
+    return error
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ProxyError as e:
+        return error_response(e, request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        error = _from_http(e)
+        if e.status == 404:
+            error = NotFoundError(f"no route for {request.method} {_path_for_humans(request)}")
+        return error_response(error, request)
+    except Exception:
+        log.exception("unexpected error serving %s %s", request.method, _path_for_humans(request))
+        return error_response(ProxyError("internal error in the proxy"), request)
+
+
+def _path_for_humans(request: web.Request) -> str:
+    """The path with any rollout key masked: keys are secrets and never logged."""
+    parts = request.path.split("/")
+    if len(parts) > 2 and parts[1] == "r":
+        parts[2] = "<key>"
+    return "/".join(parts)

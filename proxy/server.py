@@ -1,0 +1,87 @@
+"""Run the proxy: TCP for harnesses and trainers, a unix socket for sandboxes, until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from rolltap.proxy.app import make_app, make_context
+from rolltap.proxy.context import ProxyContext, ProxySettings
+from rolltap.store import Store
+
+log = logging.getLogger("rolltap.proxy")
+
+
+@dataclass
+class RunningProxy:
+    url: str
+    unix_socket: str | None
+    ctx: ProxyContext
+    _runners: list[web.AppRunner]
+
+    async def stop(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+
+
+async def start_proxy(settings: ProxySettings, store: Store) -> RunningProxy:
+    """Start listening; the caller owns the store and must `stop()` before closing it."""
+    ctx = make_context(settings, store)
+    runner = web.AppRunner(make_app(ctx), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, backlog=4096, reuse_address=True)
+    await site.start()
+    runners = [runner]
+    port = runner.addresses[0][1] if runner.addresses else settings.port
+    if settings.unix_socket:
+        sandbox_runner = web.AppRunner(
+            make_app(ctx, for_sandboxes=True), access_log=None, handle_signals=False
+        )
+        await sandbox_runner.setup()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(settings.unix_socket)
+        await web.UnixSite(sandbox_runner, settings.unix_socket, backlog=4096).start()
+        # Sandboxes may run as another uid; the rollout key, not the file mode, is the guard.
+        os.chmod(settings.unix_socket, 0o666)
+        runners.append(sandbox_runner)
+    return RunningProxy(f"http://{settings.host}:{port}", settings.unix_socket, ctx, runners)
+
+
+async def serve_until_stopped(
+    settings: ProxySettings,
+    db_url: str | None,
+    *,
+    on_ready: Callable[[RunningProxy], None] | None = None,
+    start_engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]] | None = None,
+) -> None:
+    """The `rolltap serve` process: store, optional built-in engine, proxy; stop on a signal."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    store = await Store.connect(db_url)
+    stop_engine: Callable[[], Awaitable[None]] | None = None
+    try:
+        if not settings.backends and start_engine is not None:
+            engine_url, stop_engine = await start_engine()
+            settings.backends = [engine_url]
+        proxy = await start_proxy(settings, store)
+        try:
+            if on_ready is not None:
+                on_ready(proxy)
+            await stop.wait()
+            log.info("stopping: finishing in-flight calls")
+            await proxy.ctx.gate.drained(timeout=30)
+        finally:
+            await proxy.stop()
+    finally:
+        await store.close()
+        if stop_engine is not None:
+            await stop_engine()

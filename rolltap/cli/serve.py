@@ -1,0 +1,109 @@
+"""`rolltap serve`: the proxy, in front of the given backends or the built-in engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import click
+
+from rolltap.cli.options import db_option
+from rolltap.proxy.context import ProxySettings
+from rolltap.proxy.server import RunningProxy, serve_until_stopped
+from rolltap.store.url import resolve_url
+
+
+@click.command()
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    envvar="ROLLTAP_BACKENDS",
+    metavar="[KIND=]URL",
+    help="An inference backend (repeatable): a vLLM-dialect URL, or sglang=URL / openai=URL. "
+    "Without any, rolltap starts its built-in engine.",
+)
+@db_option
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="ROLLTAP_HOST")
+@click.option("--port", default=8100, show_default=True, envvar="ROLLTAP_PORT")
+@click.option("--unix-socket", envvar="ROLLTAP_UNIX_SOCKET", help="Also listen here (sandboxes).")
+@click.option("--open", "open_mode", is_flag=True, help="Create a rollout for an unknown key.")
+@click.option("--admin-token", envvar="ROLLTAP_ADMIN_TOKEN", help="Required on /admin when set.")
+@click.option("--max-body-mb", default=32, show_default=True, help="Largest request body.")
+@click.option("--model", "engine_model", help="Built-in engine: model dir or GGUF file.")
+@click.option("--device", default="cpu", show_default=True, help="Built-in engine: cpu or cuda.")
+@click.option("--weight-version", help="Weight version recorded until /admin/resume sets one.")
+@click.option("-v", "--verbose", is_flag=True)
+def serve(
+    backends: tuple[str, ...],
+    db_url: str | None,
+    host: str,
+    port: int,
+    unix_socket: str | None,
+    open_mode: bool,
+    admin_token: str | None,
+    max_body_mb: int,
+    engine_model: str | None,
+    device: str,
+    weight_version: str | None,
+    verbose: bool,
+) -> None:
+    """Serve the OpenAI-compatible proxy that records every call with its token ids."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    specs = [spec for value in backends for spec in value.split()]
+    settings = ProxySettings(
+        backends=specs,
+        host=host,
+        port=port,
+        unix_socket=unix_socket,
+        open_mode=open_mode,
+        admin_token=admin_token,
+        max_body_bytes=max_body_mb * 1024 * 1024,
+        weight_version=weight_version,
+    )
+    resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
+
+    def ready(proxy: RunningProxy) -> None:
+        backends_shown = ", ".join(b.url for b in proxy.ctx.pool.all())
+        click.echo(f"rolltap proxy on {proxy.url}  (store: {resolve_url(db_url).render()})")
+        click.echo(f"  backends: {backends_shown}")
+        if proxy.unix_socket:
+            click.echo(f"  unix socket: {proxy.unix_socket}")
+        click.echo(f"  harness base URL: {proxy.url}/r/<rollout key>/v1")
+        if open_mode:
+            click.echo("  --open: unknown keys create rollouts (local experiments only)")
+
+    _run(settings, db_url, ready, _builtin_engine(engine_model, device))
+
+
+def _builtin_engine(
+    model: str | None, device: str
+) -> Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]:
+    async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
+        from rolltap.engine.launch import EngineProcess
+
+        click.echo("no --backend: starting the built-in engine (loads the model once)...")
+        engine = await EngineProcess.astart(model, device=device)
+
+        async def stop() -> None:
+            await asyncio.to_thread(engine.stop)
+
+        return engine.url, stop
+
+    return start
+
+
+def _run(
+    settings: ProxySettings,
+    db_url: str | None,
+    ready: Callable[[RunningProxy], None],
+    engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]],
+) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve_until_stopped(settings, db_url, on_ready=ready, start_engine=engine))

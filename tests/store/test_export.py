@@ -1,0 +1,111 @@
+"""Exports for trainers: Parquet and JSON lines via `rolltap export`, and the API's JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import rolltap.store
+from rolltap.cli.export import export
+from rolltap.store import NewRollout, StoreReader
+from rolltap.store.export import rollout_dict, rollout_trajectory_json
+from tests.support.chats import Recorder, Renderer, smollm2_tokenizer
+
+SYSTEM = {"role": "system", "content": "You are terse."}
+
+
+@pytest.fixture
+def reader(db_url: str) -> Iterator[StoreReader]:
+    with rolltap.store.open(db_url) as opened:
+        yield opened
+
+
+def _rollout(reader: StoreReader, batch: str, *, broken: bool, reward: float) -> str:
+    renderer = Renderer(smollm2_tokenizer())
+    created = reader.run(reader.store.create_rollout(NewRollout(batch_id=batch, task_id="t")))
+    rec = Recorder(reader.store, created.id, renderer)
+    messages = [SYSTEM, {"role": "user", "content": "Shout having."}]
+    sampled = renderer.ids("H") + renderer.ids("AVING<|im_end|>") if broken else None
+    first = (sampled, {"content": "HAVING"}) if sampled else rec.answer("HAVING")
+    reader.run(rec.call(messages, first, rec.answer("No.")))
+    messages += [{"role": "assistant", "content": "HAVING"}, {"role": "user", "content": "More."}]
+    reader.run(rec.call(messages, rec.answer("HAVING!")))
+    reader.run(reader.store.update_rollout(created.id, status="succeeded", reward=reward))
+    return created.id
+
+
+def test_parquet_export_round_trips(reader: StoreReader, db_url: str, tmp_path: Path) -> None:
+    broken = _rollout(reader, "b1", broken=True, reward=1.0)
+    clean = _rollout(reader, "b1", broken=False, reward=0.5)
+    _rollout(reader, "b2", broken=False, reward=0.0)
+    out = tmp_path / "t.parquet"
+
+    result = CliRunner().invoke(export, ["--db", db_url, "--batch", "b1", "--out", str(out)])
+
+    assert result.exit_code == 0, result.output
+    assert "from 2 rollouts" in result.output
+    table = pq.read_table(out)
+    assert table.schema.field("prompt_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("response_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
+    assert table.schema.field("logprobs").type == pa.list_(pa.float32())
+    expected = list(reader.trajectories(batch="b1"))
+    assert table.num_rows == len(expected) == 5  # broken: 2 + a sibling; clean: 1 + a sibling
+    rows = table.to_pylist()
+    for row, t in zip(rows, expected, strict=True):
+        assert (row["rollout_id"], row["segment"], row["reward"]) == (
+            t.rollout_id,
+            t.segment,
+            t.reward,
+        )
+        assert row["prompt_ids"] == t.prompt_ids.tolist()
+        assert row["response_ids"] == t.response_ids.tolist()
+        assert row["loss_mask"] == t.loss_mask.tolist()
+        assert np.array_equal(np.asarray(row["logprobs"], dtype=np.float32), t.logprobs)
+    drifts = {(r["rollout_id"], r["drift"]) for r in rows if r["drift"]}
+    assert drifts == {(broken, "retokenization")}
+    assert {r["link_kind"] for r in rows if r["rollout_id"] == clean} == {None, "sibling"}
+    detail = json.loads(next(r["drift_detail"] for r in rows if r["drift"]))
+    assert detail["region"] == "sampled"
+
+
+def test_jsonl_export_round_trips(reader: StoreReader, db_url: str, tmp_path: Path) -> None:
+    _rollout(reader, "b1", broken=True, reward=1.0)
+    out = tmp_path / "t.jsonl"
+
+    result = CliRunner().invoke(
+        export, ["--db", db_url, "--status", "succeeded", "--out", str(out)]
+    )
+
+    assert result.exit_code == 0, result.output
+    rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    expected = list(reader.trajectories())
+    assert len(rows) == len(expected) == 3
+    for row, t in zip(rows, expected, strict=True):
+        assert row["response_ids"] == t.response_ids.tolist()
+        assert row["loss_mask"] == t.loss_mask.tolist()
+        assert np.allclose(row["logprobs"], t.logprobs)
+
+
+def test_rollout_json_for_the_api(reader: StoreReader) -> None:
+    rid = _rollout(reader, "b1", broken=True, reward=1.0)
+
+    body = rollout_dict(reader.rollout_trajectories(rid))
+    assert reader.run(rollout_trajectory_json(reader.store, rid)) == body
+
+    decoded = json.loads(json.dumps(body, allow_nan=False))
+    assert decoded["rollout"]["reward"] == 1.0
+    assert decoded["faithfulness"]["breaks"] == {"retokenization": 1}
+    assert decoded["faithfulness"]["share"] < 1
+    main, sibling, broken = decoded["trajectories"]
+    assert broken["link"]["drift"]["kind"] == "retokenization"
+    assert sibling["link"]["kind"] == "sibling"
+    assert len(main["response_ids"]) == len(main["loss_mask"]) == len(main["logprobs"])

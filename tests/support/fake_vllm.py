@@ -1,0 +1,363 @@
+"""A fake inference engine: a real aiohttp server speaking vLLM 0.33's chat wire format.
+
+Token ids are bytes of the text shifted by 3 (0 = BOS, 1 = <|im_start|>, 2 = <|im_end|>), under a
+ChatML-like template, so prompts of a growing conversation extend each other exactly as a real
+engine's do. Logprobs are a fixed function of the token id. What it answers is decided by a
+`script` (request body -> Reply). Faults are injected per request with the `x-fake-fault` header
+or per reply: refuse (close before answering), status:<code>, die_after:<k> (stream k chunks and
+drop the connection), hang, no_ids (behave like a plain OpenAI server).
+
+Run standalone for benchmarks: `python -m tests.support.fake_vllm --port 8300 [--token-delay-ms 2]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+BOS, IM_START, IM_END = 0, 1, 2
+OFFSET = 3
+MODEL = "fake-model"
+
+
+def encode(text: str) -> list[int]:
+    return [b + OFFSET for b in text.encode()]
+
+
+def decode(ids: list[int]) -> str:
+    return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="replace")
+
+
+def logprob_of(token_id: int) -> float:
+    return -round(((token_id * 7) % 13) / 10 + 0.015625, 6)
+
+
+def render(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+    ids = [BOS]
+    if tools:
+        ids += [IM_START, *encode("system\ntools: " + orjson.dumps(tools).decode()), IM_END]
+    for m in messages:
+        content = m.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if m.get("tool_calls"):
+            content += "".join(
+                "<tool_call>" + orjson.dumps(tc.get("function", {})).decode() + "</tool_call>"
+                for tc in m["tool_calls"]
+            )
+        ids += [IM_START, *encode(f"{m.get('role')}\n{content}"), IM_END, *encode("\n")]
+    return [*ids, IM_START, *encode("assistant\n")]
+
+
+@dataclass
+class Reply:
+    text: str = "ok"
+    tool_calls: list[dict[str, Any]] | None = None
+    """[{"name": ..., "arguments": "<json string>"}]: rendered as <tool_call> text."""
+    fault: str | None = None
+    token_delay: float = 0.0
+    reasoning: str | None = None
+
+
+def default_script(body: dict[str, Any]) -> Reply:
+    last = body["messages"][-1].get("content") or ""
+    if isinstance(last, list):
+        last = " ".join(p.get("text", "") for p in last if isinstance(p, dict))
+    return Reply(text=f"echo: {str(last)[:40]}")
+
+
+@dataclass
+class FakeVLLM:
+    script: Callable[[dict[str, Any]], Reply] = default_script
+    token_delay: float = 0.0
+    healthy: bool = True
+    requests: list[tuple[str, CIMultiDict[str], dict[str, Any]]] = field(default_factory=list)
+    weight_version: str | None = None
+    served: int = 0
+    disconnects: int = 0
+    """Streams cut short because the client (the proxy) closed the connection."""
+    record_requests: bool = True
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024**2)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm"}]}
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        if self.record_requests:
+            self.requests.append((request.path, CIMultiDict(request.headers), body))
+        self.served += 1
+        reply = self.script(body)
+        fault = request.headers.get("x-fake-fault") or reply.fault or ""
+        if fault == "refuse":
+            assert request.transport is not None
+            request.transport.close()
+            raise web.HTTPInternalServerError()
+        if fault.startswith("status:"):
+            status = int(fault.split(":")[1])
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "fake failure",
+                        "type": "InternalServerError",
+                        "code": status,
+                    }
+                },
+                status=status,
+            )
+        if fault == "hang":
+            await asyncio.sleep(3600)
+        with_ids = body.get("return_token_ids") is True and fault != "no_ids"
+        n = int(body.get("n") or 1)
+        prompt = render(body["messages"], body.get("tools"))
+        choices = [self._choice(reply, i, body) for i in range(n)]
+        request_id = request.headers.get("X-Request-Id") or f"{self.served}"
+        header = {"id": f"chatcmpl-{request_id}", "created": int(time.time()), "model": MODEL}
+        if body.get("stream"):
+            try:
+                return await self._stream(
+                    request, body, header, prompt, choices, with_ids, fault, reply
+                )
+            except (ConnectionResetError, asyncio.CancelledError):
+                # aiohttp cancels the handler, or the next write fails, once the client left.
+                if not fault.startswith("die_after:"):
+                    self.disconnects += 1
+                raise
+        out_choices = []
+        for i, c in enumerate(choices):
+            entry: dict[str, Any] = {"index": i, "message": c["message"]}
+            entry["logprobs"] = self._logprobs(c["ids"], body) if body.get("logprobs") else None
+            entry["finish_reason"] = c["finish_reason"]
+            entry["stop_reason"] = None
+            if with_ids:
+                entry["token_ids"] = c["ids"]
+            out_choices.append(entry)
+        completion = sum(len(c["ids"]) for c in choices)
+        payload: dict[str, Any] = {
+            **header,
+            "object": "chat.completion",
+            "choices": out_choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion,
+                "total_tokens": len(prompt) + completion,
+            },
+        }
+        if with_ids:
+            payload["prompt_token_ids"] = prompt
+        await asyncio.sleep(reply.token_delay * completion or self.token_delay * completion)
+        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+    def _choice(self, reply: Reply, index: int, body: dict[str, Any]) -> dict[str, Any]:
+        text = reply.text if index == 0 else f"{reply.text} #{index}"
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        raw = text
+        finish = "stop"
+        if reply.reasoning is not None:
+            raw = f"<think>{reply.reasoning}</think>{text}"
+            message["reasoning"] = reply.reasoning
+        if reply.tool_calls:
+            calls = []
+            for k, tc in enumerate(reply.tool_calls):
+                raw += (
+                    "<tool_call>"
+                    + orjson.dumps(
+                        {"name": tc["name"], "arguments": orjson.loads(tc["arguments"])}
+                    ).decode()
+                    + "</tool_call>"
+                )
+                calls.append(
+                    {
+                        "id": f"call_{index}_{k}",
+                        "type": "function",
+                        "function": {"name": tc["name"], "arguments": tc["arguments"]},
+                    }
+                )
+            message["tool_calls"] = calls
+            message["content"] = text or None
+            finish = "tool_calls"
+        ids = encode(raw)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        if max_tokens is not None and len(ids) >= int(max_tokens):
+            ids = ids[: int(max_tokens)]
+            message = {"role": "assistant", "content": decode(ids)}
+            finish = "length"
+        else:
+            ids.append(IM_END)
+        return {"ids": ids, "message": message, "finish_reason": finish}
+
+    @staticmethod
+    def _logprobs(ids: list[int], body: dict[str, Any]) -> dict[str, Any]:
+        top = int(body.get("top_logprobs") or 0)
+        content = []
+        for i in ids:
+            token = f"token_id:{i}" if body.get("return_tokens_as_token_ids") else decode([i])
+            entry = {
+                "token": token,
+                "logprob": logprob_of(i),
+                "bytes": list(token.encode()),
+                "top_logprobs": [
+                    {"token": token, "logprob": logprob_of(i), "bytes": list(token.encode())}
+                ][:top],
+            }
+            content.append(entry)
+        return {"content": content}
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        header: dict[str, Any],
+        prompt: list[int],
+        choices: list[dict[str, Any]],
+        with_ids: bool,
+        fault: str,
+        reply: Reply,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        die_after = int(fault.split(":")[1]) if fault.startswith("die_after:") else None
+        delay = reply.token_delay or self.token_delay
+        sent = 0
+        chunk_base = {**header, "object": "chat.completion.chunk"}
+
+        async def send(obj: dict[str, Any]) -> None:
+            nonlocal sent
+            if die_after is not None and sent >= die_after:
+                assert request.transport is not None
+                request.transport.abort()
+                raise ConnectionResetError("fake engine died")
+            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+            sent += 1
+
+        for i, _ in enumerate(choices):
+            first: dict[str, Any] = {
+                **chunk_base,
+                "choices": [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if with_ids:
+                first["prompt_token_ids"] = prompt
+            await send(first)
+        # One chunk per token, choices interleaved, like vLLM's per-step output.
+        streams = [self._token_deltas(c) for c in choices]
+        for step in itertools.zip_longest(*streams):
+            for i, item in enumerate(step):
+                if item is None:
+                    continue
+                token_id, delta = item
+                entry: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": None}
+                entry["logprobs"] = (
+                    self._logprobs([token_id], body) if body.get("logprobs") else None
+                )
+                if with_ids:
+                    entry["token_ids"] = [token_id]
+                await send({**chunk_base, "choices": [entry]})
+            if delay:
+                await asyncio.sleep(delay)
+        for i, c in enumerate(choices):
+            final: dict[str, Any] = {"index": i, "delta": {}, "logprobs": None}
+            final["finish_reason"] = c["finish_reason"]
+            final["stop_reason"] = None
+            if c["message"].get("tool_calls"):
+                final["delta"] = {
+                    "tool_calls": [
+                        {"index": k, **tc} for k, tc in enumerate(c["message"]["tool_calls"])
+                    ]
+                }
+            if with_ids:
+                final["token_ids"] = []
+            await send({**chunk_base, "choices": [final]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            completion = sum(len(c["ids"]) for c in choices)
+            await send(
+                {
+                    **chunk_base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": len(prompt),
+                        "completion_tokens": completion,
+                        "total_tokens": len(prompt) + completion,
+                    },
+                }
+            )
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def _token_deltas(choice: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+        """Each sampled token with the text delta a streaming parser would emit for it."""
+        message = choice["message"]
+        visible = message.get("content") or ""
+        deltas = []
+        shown = 0
+        for token_id in choice["ids"]:
+            piece = decode([token_id])
+            if not message.get("tool_calls") and message.get("reasoning") is None:
+                text = visible[shown : shown + len(piece)]
+                shown += len(text)
+                deltas.append((token_id, {"content": text} if text else {}))
+            else:
+                # Parsers hold markup back; the chunk is still sent with its id (vLLM §1.3).
+                deltas.append((token_id, {}))
+        if (message.get("reasoning") is not None or message.get("tool_calls")) and deltas:
+            last_id, _ = deltas[-1]
+            delta: dict[str, Any] = {}
+            if message.get("reasoning") is not None:
+                delta["reasoning"] = message["reasoning"]
+            if message.get("content"):
+                delta["content"] = message["content"]
+            deltas[-1] = (last_id, delta)
+        return deltas
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=8300)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--reply-tokens", type=int, default=0, help="answer this many tokens")
+    args = parser.parse_args()
+    text = "x" * max(0, args.reply_tokens - 1)
+
+    def script(body: dict[str, Any]) -> Reply:
+        return Reply(text=text) if args.reply_tokens else default_script(body)
+
+    fake = FakeVLLM(script=script, token_delay=args.token_delay_ms / 1000, record_requests=False)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

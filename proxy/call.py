@@ -129,18 +129,21 @@ class EngineCall:
             self._exchange.usage = doc["usage"]
         return raw, doc
 
-    async def chunks(self) -> AsyncIterator[Chunk]:
-        """The streamed answer chunk by chunk, each captured before it is handed on."""
+    async def chunks(self) -> AsyncIterator[list[Chunk]]:
+        """The streamed answer as it arrives: the chunks of each network read, captured."""
         while True:
-            while self._pending:
-                payload = self._pending.pop(0)
-                doc = orjson.loads(payload)
+            if self._pending:
+                batch = []
+                for payload in self._pending:
+                    doc = orjson.loads(payload)
+                    capture_response(doc, self._exchange.captured)
+                    if isinstance(doc.get("usage"), dict):
+                        self._exchange.usage = doc["usage"]
+                    batch.append(Chunk(payload, doc))
+                self._pending = []
                 if self._exchange.first_token_at is None:
                     self._exchange.first_token_at = now()
-                capture_response(doc, self._exchange.captured)
-                if isinstance(doc.get("usage"), dict):
-                    self._exchange.usage = doc["usage"]
-                yield Chunk(payload, doc)
+                yield batch
             if self._done:
                 self._finish_upstream()
                 return

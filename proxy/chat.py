@@ -15,7 +15,7 @@ from rolltap.proxy.errors import BadRequest, ProxyError, Unprocessable, Upstream
 from rolltap.proxy.exchange import now
 from rolltap.proxy.intake import Intake, admit, intake, link_retry, parse_json_object
 from rolltap.proxy.sse import frame
-from rolltap.proxy.strip import strip
+from rolltap.proxy.strip import strip, strip_chunk
 from rolltap.store import CallDialect, CallStatus
 
 _UNSUPPORTED = {
@@ -160,13 +160,17 @@ async def _relay_stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
+    client_usage = call.prepared.usage_chunk_for_client
     try:
-        async for chunk in call.chunks():
-            doc = chunk.doc
-            if _rolltap_only(doc, call.prepared.usage_chunk_for_client):
-                continue
-            assembler.feed(doc)
-            await response.write(frame(strip(chunk.raw, doc, extras)))
+        async for batch in call.chunks():
+            out = []
+            for chunk in batch:
+                if _rolltap_only(chunk.doc, client_usage):
+                    continue
+                assembler.feed(chunk.doc)
+                out.append(frame(strip_chunk(chunk.raw, chunk.doc, extras)))
+            if out:
+                await response.write(b"".join(out))
     except EngineBroke as e:
         exchange.response_body = orjson.dumps(assembler.result())
         exchange.fail(CallStatus.FAILED, 502, f"engine stream broke: {e}")

@@ -59,6 +59,8 @@ class ProxyContext:
         """Make the call durable, then count it against the rollout."""
         receipt = await self.store.append_call(exchange.to_record())
         exchange.call_id = receipt.call_id
+        if exchange.body_hash is not None:
+            state.remember_body(exchange.body_hash, receipt.call_id, exchange.status.value)
         if exchange.status is not CallStatus.REJECTED:
             state.calls += 1
             state.tokens += exchange.prompt_tokens + exchange.completion_tokens

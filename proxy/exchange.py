@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -51,8 +52,9 @@ class Exchange:
     upstream_done: float | None = None
     """perf_counter() when the engine's answer was complete (for the overhead metric)."""
 
-    @property
+    @functools.cached_property
     def body_hash(self) -> str | None:
+        """Read only once the body is in (intake sets raw_body before anything asks)."""
         return None if self.raw_body is None else body_hash(self.raw_body)
 
     def reject(self, error: ProxyError) -> None:

@@ -91,7 +91,10 @@ async def link_retry(taken: Intake) -> None:
     digest = exchange.body_hash
     if digest is None:
         return
-    found = await taken.ctx.store.latest_call_with_body(exchange.rollout_id, digest)
+    found = taken.state.bodies.get(digest)
+    if found is None and taken.state.calls_before > 0:
+        # Calls from before this process (a restarted proxy): the store knows them.
+        found = await taken.ctx.store.latest_call_with_body(exchange.rollout_id, digest)
     if found is None:
         return
     call_id, status = found

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -30,6 +30,16 @@ class RolloutState:
     calls: int
     tokens: int
     loaded_at: float
+    calls_before: int = 0
+    """Calls the store held when this process first saw the rollout."""
+    bodies: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
+    """Request body hash -> (call id, status) of this process's recent calls, for retries."""
+
+    def remember_body(self, digest: str, call_id: str, status: str, keep: int = 64) -> None:
+        self.bodies[digest] = (call_id, status)
+        self.bodies.move_to_end(digest)
+        if len(self.bodies) > keep:
+            self.bodies.popitem(last=False)
 
 
 def request_key(request: web.Request) -> str | None:
@@ -81,6 +91,7 @@ class Rollouts:
                 view.n_calls,
                 view.n_tokens,
                 now,
+                calls_before=view.n_calls,
             )
         else:
             # Counters are kept here as calls finish; the store may lag behind them.

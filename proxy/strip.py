@@ -8,6 +8,7 @@ values; only float spelling could differ, and the floats are the logprobs being 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +29,56 @@ class Extras:
 
 
 def strip(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
-    """The client's view of one JSON document (a response body or a stream chunk's data)."""
+    """The client's view of a whole response body."""
     if extras.logprobs or extras.meta_info:
         return orjson.dumps(_stripped_doc(doc, extras))
+    return _cut_ids(raw, extras)
+
+
+def strip_chunk(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
+    """The client's view of one stream chunk: small, so even logprobs are cut from the bytes."""
+    if extras.meta_info:
+        return orjson.dumps(_stripped_doc(doc, extras))
+    if extras.logprobs:
+        raw = null_values(raw, b"logprobs")
+    return _cut_ids(raw, extras)
+
+
+def _cut_ids(raw: bytes, extras: Extras) -> bytes:
     if extras.token_ids:
         for key in ROOT_ID_KEYS + CHOICE_ID_KEYS:
-            raw = cut_int_arrays(raw, key)
+            if key in raw:
+                raw = cut_int_arrays(raw, key)
+    return raw
+
+
+_SCAN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+
+
+def null_values(raw: bytes, key: bytes) -> bytes:
+    """Replace the value of every member `"key": {...}` or `[...]` with null."""
+    needle = b'"' + key + b'":'
+    start = raw.find(needle)
+    while start != -1:
+        value = start + len(needle)
+        while raw[value : value + 1] in (b" ", b"\t", b"\n", b"\r"):
+            value += 1
+        if _escaped(raw, start) or raw[value : value + 1] not in (b"{", b"["):
+            start = raw.find(needle, value)
+            continue
+        depth = 0
+        for match in _SCAN.finditer(raw, value):
+            token = match.group()
+            if token in (b"{", b"["):
+                depth += 1
+            elif token in (b"}", b"]"):
+                depth -= 1
+                if depth == 0:
+                    raw = raw[:value] + b"null" + raw[match.end() :]
+                    break
+        else:
+            raise ValueError("unterminated JSON value")
+        start = raw.find(needle, value + 4)
     return raw
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -17,23 +17,38 @@ from rolltap.store.url import DatabaseURL
 
 BUSY_TIMEOUT_MS = 30_000
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 @dataclass
 class Database:
     url: DatabaseURL
     writer: AsyncEngine
-    """Every write goes through this engine; on SQLite it takes the write lock at BEGIN."""
+    """Schema changes and occasional writes; on SQLite it takes the write lock at BEGIN."""
     reader: AsyncEngine
+    sync_writer: Engine | None = None
+    """SQLite only: the group-commit writer's own connection, used from its one thread, so a
+    whole batch costs one thread hop instead of one per statement (aiosqlite's way)."""
 
     async def dispose(self) -> None:
         await self.writer.dispose()
         if self.reader.pool is not self.writer.pool:
             await self.reader.dispose()
+        if self.sync_writer is not None:
+            self.sync_writer.dispose()
 
     @contextlib.asynccontextmanager
-    async def read(self) -> AsyncIterator[AsyncConnection]:
+    async def connect(self) -> AsyncIterator[AsyncConnection]:
         async with self.reader.connect() as conn:
             yield conn
+
+    async def read(
+        self, fn: Callable[Concatenate[SyncConnection, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run a query function (store.queries) in one read transaction."""
+        async with self.reader.connect() as conn:
+            return await conn.run_sync(lambda sync: fn(sync, *args, **kwargs))
 
 
 def open_database(url: DatabaseURL) -> Database:
@@ -45,7 +60,15 @@ def open_database(url: DatabaseURL) -> Database:
             except OSError as e:
                 raise DatabaseUnavailable(f"cannot create {path.parent} for the store: {e}") from e
         writer = _sqlite_engine(url, "BEGIN IMMEDIATE", pool_size=1)
-        return Database(url, writer, _sqlite_engine(url, "BEGIN", pool_size=4))
+        sync_writer = create_engine(
+            url.url.set(drivername="sqlite+pysqlite"),
+            pool_size=1,
+            max_overflow=0,
+            connect_args={"timeout": 30, "check_same_thread": False},
+        )
+        _configure_sqlite(sync_writer, "BEGIN IMMEDIATE", url.sqlite_synchronous)
+        reader = _sqlite_engine(url, "BEGIN", pool_size=4)
+        return Database(url, writer, reader, sync_writer)
     engine = create_async_engine(
         url.url, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800
     )
@@ -59,8 +82,12 @@ def _sqlite_engine(url: DatabaseURL, begin: str, pool_size: int) -> AsyncEngine:
     engine = create_async_engine(
         url.url, pool_size=pool_size, max_overflow=2, connect_args={"timeout": 30}
     )
+    _configure_sqlite(engine.sync_engine, begin, url.sqlite_synchronous)
+    return engine
 
-    @event.listens_for(engine.sync_engine, "connect")
+
+def _configure_sqlite(engine: Engine, begin: str, synchronous: str) -> None:
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # pysqlite's implicit BEGIN breaks SAVEPOINT and transactional DDL; SQLAlchemy
         # documents this workaround: autocommit at the driver, BEGIN emitted by us.
@@ -68,18 +95,15 @@ def _sqlite_engine(url: DatabaseURL, begin: str, pool_size: int) -> AsyncEngine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        # FULL: a commit the writer acknowledged survives power loss, not just a crash.
-        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: SyncConnection) -> None:
         # IMMEDIATE on the writer: a deferred transaction that reads and then writes can fail
         # with SQLITE_BUSY at once when another process committed meanwhile.
         conn.exec_driver_sql(begin)
-
-    return engine
 
 
 def unavailable(url: DatabaseURL, e: DBAPIError | OSError) -> DatabaseUnavailable:

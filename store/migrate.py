@@ -39,18 +39,16 @@ async def upgrade(db: Database, revision: str = "head") -> None:
 
 
 async def current_revision(db: Database) -> str | None:
-    async with db.read() as conn:
-        return await conn.run_sync(_current)
+    return await db.read(_current)
 
 
 async def differences(db: Database) -> list[Any]:
     """What alembic's autogenerate sees between the models and the migrated database."""
-    async with db.read() as conn:
-        return await conn.run_sync(
-            lambda c: compare_metadata(
-                MigrationContext.configure(c, opts={"compare_type": True}), Base.metadata
-            )
+    return await db.read(
+        lambda c: compare_metadata(
+            MigrationContext.configure(c, opts={"compare_type": True}), Base.metadata
         )
+    )
 
 
 async def ensure_schema(db: Database) -> None:

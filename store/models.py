@@ -185,7 +185,7 @@ class Call(Base):
         CheckConstraint(_in("capture", Capture), name="capture"),
         UniqueConstraint("rollout_id", "seq"),
         Index(None, "received_at"),
-        Index(None, "rollout_id", "body_hash"),
+        Index(None, "rollout_id", "body_hash", "seq"),
         Index(None, "prompt_parent_id"),
     )
 

@@ -1,12 +1,16 @@
-"""Read queries: small typed functions over an AsyncConnection."""
+"""Queries: small typed functions over a Connection.
+
+They are synchronous so one body serves every caller: the SQLite writer thread calls them
+directly, async code runs them with `AsyncConnection.run_sync` (aiosqlite or asyncpg).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, Select, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Row, Select, bindparam, func, select
+from sqlalchemy.engine import Connection
 
 from rolltap.store import compress
 from rolltap.store.delta import KnownCall, StoredPrompt, rebuild_prompts
@@ -78,20 +82,20 @@ def _rollout_view(row: Row[Any]) -> RolloutView:
     )
 
 
-async def rollout(conn: AsyncConnection, rollout_id: str) -> RolloutView:
-    row = (await conn.execute(_rollouts().where(R.c.id == rollout_id))).first()
+def rollout(conn: Connection, rollout_id: str) -> RolloutView:
+    row = (conn.execute(_rollouts().where(R.c.id == rollout_id))).first()
     if row is None:
         raise NotFound(f"no rollout {rollout_id!r}")
     return _rollout_view(row)
 
 
-async def rollout_by_key_hash(conn: AsyncConnection, key_hash: str) -> RolloutView | None:
-    row = (await conn.execute(_rollouts().where(R.c.key_hash == key_hash))).first()
+def rollout_by_key_hash(conn: Connection, key_hash: str) -> RolloutView | None:
+    row = (conn.execute(_rollouts().where(R.c.key_hash == key_hash))).first()
     return None if row is None else _rollout_view(row)
 
 
-async def rollouts(
-    conn: AsyncConnection,
+def rollouts(
+    conn: Connection,
     *,
     batch: str | Sequence[str] | None = None,
     status: str | Sequence[str] | None = None,
@@ -110,7 +114,7 @@ async def rollouts(
     query = query.order_by(*order)
     if limit is not None:
         query = query.limit(limit)
-    return [_rollout_view(row) for row in await conn.execute(query)]
+    return [_rollout_view(row) for row in conn.execute(query)]
 
 
 _CALL_COLUMNS = [c for c in C.c if c.name not in ("prompt_suffix",)]
@@ -147,22 +151,22 @@ def _call_view(row: Row[Any]) -> CallView:
     )
 
 
-async def calls(conn: AsyncConnection, rollout_id: str) -> list[CallView]:
-    rows = await conn.execute(
+def calls(conn: Connection, rollout_id: str) -> list[CallView]:
+    rows = conn.execute(
         select(*_CALL_COLUMNS).where(C.c.rollout_id == rollout_id).order_by(C.c.seq)
     )
     return [_call_view(row) for row in rows]
 
 
-async def call(conn: AsyncConnection, call_id: str) -> CallView:
-    row = (await conn.execute(select(*_CALL_COLUMNS).where(C.c.id == call_id))).first()
+def call(conn: Connection, call_id: str) -> CallView:
+    row = (conn.execute(select(*_CALL_COLUMNS).where(C.c.id == call_id))).first()
     if row is None:
         raise NotFound(f"no call {call_id!r}")
     return _call_view(row)
 
 
-async def call_bodies(conn: AsyncConnection, call_id: str) -> CallBodies:
-    row = (await conn.execute(select(B).where(B.c.call_id == call_id))).first()
+def call_bodies(conn: Connection, call_id: str) -> CallBodies:
+    row = (conn.execute(select(B).where(B.c.call_id == call_id))).first()
     if row is None:
         raise NotFound(f"no call {call_id!r}")
     return CallBodies(
@@ -172,8 +176,8 @@ async def call_bodies(conn: AsyncConnection, call_id: str) -> CallBodies:
     )
 
 
-async def rollout_tokens(
-    conn: AsyncConnection, rollout_id: str, *, up_to_seq: int | None = None
+def rollout_tokens(
+    conn: Connection, rollout_id: str, *, up_to_seq: int | None = None
 ) -> dict[str, CallTokens]:
     """Full token arrays of every call of a rollout (in seq order), rebuilt from the deltas."""
     prompt_query = (
@@ -197,12 +201,11 @@ async def rollout_tokens(
         prompt_query = prompt_query.where(C.c.seq <= up_to_seq)
         choice_query = choice_query.where(C.c.seq <= up_to_seq)
     stored = [
-        StoredPrompt(r[0], r[1], r[2], r[3], unpack_ids(r[4]))
-        for r in await conn.execute(prompt_query)
+        StoredPrompt(r[0], r[1], r[2], r[3], unpack_ids(r[4])) for r in conn.execute(prompt_query)
     ]
     choices: dict[str, list[ChoiceTokens]] = {s.call_id: [] for s in stored}
     completions: dict[tuple[str, int], IdArray] = {}
-    for call_id, idx, finish, ids_blob, lp_blob in await conn.execute(choice_query):
+    for call_id, idx, finish, ids_blob, lp_blob in conn.execute(choice_query):
         if call_id not in choices:
             # Committed by another writer after the first statement read the prompts.
             continue
@@ -213,23 +216,36 @@ async def rollout_tokens(
     return {cid: CallTokens(cid, prompts[cid], choices[cid]) for cid in prompts}
 
 
-async def call_tokens(conn: AsyncConnection, call_id: str) -> CallTokens:
-    row = (await conn.execute(select(C.c.rollout_id, C.c.seq).where(C.c.id == call_id))).first()
+def call_tokens(conn: Connection, call_id: str) -> CallTokens:
+    row = (conn.execute(select(C.c.rollout_id, C.c.seq).where(C.c.id == call_id))).first()
     if row is None:
         raise NotFound(f"no call {call_id!r}")
-    return (await rollout_tokens(conn, row.rollout_id, up_to_seq=row.seq))[call_id]
+    return (rollout_tokens(conn, row.rollout_id, up_to_seq=row.seq))[call_id]
 
 
-async def recent_known_calls(conn: AsyncConnection, rollout_id: str, n: int) -> list[KnownCall]:
+def recent_known_calls(conn: Connection, rollout_id: str, n: int) -> list[KnownCall]:
     """The last `n` calls of a rollout with full arrays, oldest first (for the delta cache)."""
-    everything = await rollout_tokens(conn, rollout_id)
+    everything = rollout_tokens(conn, rollout_id)
     last = list(everything.values())[-n:] if n else []
     return [
         KnownCall(t.call_id, t.prompt_ids, {c.index: c.token_ids for c in t.choices}) for t in last
     ]
 
 
-async def lock_next_seqs(conn: AsyncConnection, rollout_ids: Sequence[str]) -> dict[str, int]:
+_LOCK_ROLLOUTS = (
+    select(R.c.id)
+    .where(R.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(R.c.id)
+    .with_for_update()
+)
+_LAST_SEQS = (
+    select(C.c.rollout_id, func.max(C.c.seq))
+    .where(C.c.rollout_id.in_(bindparam("ids", expanding=True)))
+    .group_by(C.c.rollout_id)
+)
+
+
+def lock_next_seqs(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, int]:
     """Next free seq per rollout, locking the rollouts' rows until the transaction ends.
 
     The row lock serialises writers of the same rollout across processes on PostgreSQL; on
@@ -237,24 +253,18 @@ async def lock_next_seqs(conn: AsyncConnection, rollout_ids: Sequence[str]) -> d
     read by a second statement: one statement would keep the snapshot it took before waiting.
     """
     if conn.dialect.name == "postgresql":
-        await conn.execute(
-            select(R.c.id).where(R.c.id.in_(rollout_ids)).order_by(R.c.id).with_for_update()
-        )
-    rows = await conn.execute(
-        select(C.c.rollout_id, func.max(C.c.seq))
-        .where(C.c.rollout_id.in_(rollout_ids))
-        .group_by(C.c.rollout_id)
-    )
+        conn.execute(_LOCK_ROLLOUTS, {"ids": list(rollout_ids)})
+    rows = conn.execute(_LAST_SEQS, {"ids": list(rollout_ids)})
     last: dict[str, int | None] = {rid: value for rid, value in rows}
     return {rid: int(last.get(rid) or 0) + 1 for rid in rollout_ids}
 
 
-async def latest_call_with_body(
-    conn: AsyncConnection, rollout_id: str, body_hash: str
+def latest_call_with_body(
+    conn: Connection, rollout_id: str, body_hash: str
 ) -> tuple[str, str] | None:
     """(id, status) of the latest call of the rollout whose request body had this hash."""
     row = (
-        await conn.execute(
+        conn.execute(
             select(C.c.id, C.c.status)
             .where(C.c.rollout_id == rollout_id, C.c.body_hash == body_hash)
             .order_by(C.c.seq.desc())

@@ -124,12 +124,10 @@ class Store:
     # --- reads ------------------------------------------------------------------------------
 
     async def rollout(self, rollout_id: str) -> RolloutView:
-        async with self.db.read() as conn:
-            return await queries.rollout(conn, rollout_id)
+        return await self.db.read(queries.rollout, rollout_id)
 
     async def rollout_by_key(self, key: str) -> RolloutView | None:
-        async with self.db.read() as conn:
-            return await queries.rollout_by_key_hash(conn, hash_key(key))
+        return await self.db.read(queries.rollout_by_key_hash, hash_key(key))
 
     async def rollouts(
         self,
@@ -140,36 +138,34 @@ class Store:
         limit: int | None = None,
         oldest_first: bool = False,
     ) -> list[RolloutView]:
-        async with self.db.read() as conn:
-            return await queries.rollouts(
-                conn, batch=batch, status=status, ids=ids, limit=limit, oldest_first=oldest_first
-            )
+        return await self.db.read(
+            queries.rollouts,
+            batch=batch,
+            status=status,
+            ids=ids,
+            limit=limit,
+            oldest_first=oldest_first,
+        )
 
     async def calls(self, rollout_id: str) -> list[CallView]:
-        async with self.db.read() as conn:
-            return await queries.calls(conn, rollout_id)
+        return await self.db.read(queries.calls, rollout_id)
 
     async def call(self, call_id: str) -> CallView:
-        async with self.db.read() as conn:
-            return await queries.call(conn, call_id)
+        return await self.db.read(queries.call, call_id)
 
     async def call_tokens(self, call_id: str) -> CallTokens:
-        async with self.db.read() as conn:
-            return await queries.call_tokens(conn, call_id)
+        return await self.db.read(queries.call_tokens, call_id)
 
     async def rollout_tokens(self, rollout_id: str) -> dict[str, CallTokens]:
-        async with self.db.read() as conn:
-            return await queries.rollout_tokens(conn, rollout_id)
+        return await self.db.read(queries.rollout_tokens, rollout_id)
 
     async def call_bodies(self, call_id: str) -> CallBodies:
-        async with self.db.read() as conn:
-            return await queries.call_bodies(conn, call_id)
+        return await self.db.read(queries.call_bodies, call_id)
 
     async def latest_call_with_body(
         self, rollout_id: str, body_hash: str
     ) -> tuple[str, str] | None:
-        async with self.db.read() as conn:
-            return await queries.latest_call_with_body(conn, rollout_id, body_hash)
+        return await self.db.read(queries.latest_call_with_body, rollout_id, body_hash)
 
     # --- trajectories (see rolltap.store.trajectory) -----------------------------------------
 

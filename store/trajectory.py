@@ -222,14 +222,14 @@ async def build(
 ) -> list[RolloutTrajectories]:
     """Assemble and classify a few rollouts at once (a handful of queries for all of them)."""
     ids = [r.id for r in rollouts]
-    async with db.read() as conn:
+    async with db.connect() as conn:
         calls, meta = await _load_calls(conn, ids)
     assemblies = {rid: assemble(calls.get(rid, [])) for rid in ids}
     sites = {rid: break_sites(a) for rid, a in assemblies.items()}
     wanted = {c for rid in ids for site in sites[rid] for c in calls_to_read(site)}
     messages: dict[str, CallMessages] = {}
     if wanted:
-        async with db.read() as conn:
+        async with db.connect() as conn:
             messages = await _load_messages(conn, wanted, meta)
     built: list[RolloutTrajectories] = []
     for r in rollouts:

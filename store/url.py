@@ -14,10 +14,16 @@ from rolltap.store.errors import BadDatabaseURL
 _SUPPORTED = "sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql+asyncpg://USER@HOST/DB"
 
 
+_SYNCHRONOUS = ("normal", "full")
+
+
 @dataclass(frozen=True)
 class DatabaseURL:
     url: URL
     """The async SQLAlchemy URL (aiosqlite or asyncpg)."""
+    sqlite_synchronous: str = "normal"
+    """WAL + NORMAL keeps every acknowledged commit across a crash of the process; FULL
+    (`?synchronous=full` on the URL) also across power loss, at an fsync per commit."""
 
     @property
     def is_sqlite(self) -> bool:
@@ -52,12 +58,15 @@ def resolve_url(raw: str | None) -> DatabaseURL:
     if backend == "sqlite":
         if driver not in ("pysqlite", "aiosqlite"):
             raise BadDatabaseURL(f"unsupported SQLite driver {driver!r}; use sqlite+aiosqlite://")
+        synchronous = str(url.query.get("synchronous", "normal")).lower()
+        if synchronous not in _SYNCHRONOUS:
+            raise BadDatabaseURL(f"synchronous={synchronous!r}: use one of {_SYNCHRONOUS}")
         if not url.database or url.database == ":memory:":
             raise BadDatabaseURL(
                 "an in-memory SQLite database cannot be shared between connections; "
                 "give a file path: sqlite:///path/to/rolltap.sqlite"
             )
-        return _sqlite(Path(url.database).expanduser())
+        return _sqlite(Path(url.database).expanduser(), synchronous)
     if backend in ("postgresql", "postgres"):
         if driver not in ("asyncpg", "psycopg2", "psycopg"):
             raise BadDatabaseURL(
@@ -72,8 +81,8 @@ def resolve_url(raw: str | None) -> DatabaseURL:
     )
 
 
-def _sqlite(path: Path) -> DatabaseURL:
+def _sqlite(path: Path, synchronous: str = "normal") -> DatabaseURL:
     path = path.absolute()
     if path.exists() and path.is_dir():
         raise BadDatabaseURL(f"{path} is a directory; give the path of a SQLite file")
-    return DatabaseURL(URL.create("sqlite+aiosqlite", database=str(path)))
+    return DatabaseURL(URL.create("sqlite+aiosqlite", database=str(path)), synchronous)

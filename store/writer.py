@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import insert, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from rolltap.store import compress, queries
 from rolltap.store.database import Database
@@ -81,6 +82,12 @@ class GroupCommitWriter:
         self._queue: asyncio.Queue[_Pending | object] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # SQLite: all batches run on one thread with the writer's own connection.
+        self._thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="rolltap-writer")
+            if db.sync_writer is not None
+            else None
+        )
         self.commits = 0
         """Transactions committed so far (the benchmark reports writes per commit)."""
 
@@ -95,6 +102,8 @@ class GroupCommitWriter:
         self._queue.put_nowait(_STOP)
         if self._task is not None:
             await self._task
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
 
     def submit(self, op: Op) -> asyncio.Future[Any]:
         if self._closed:
@@ -136,33 +145,49 @@ class GroupCommitWriter:
                 pending.future.set_result(result)
 
     async def _transaction(self, batch: list[_Pending]) -> list[Any]:
-        staged = _Staged()
-        results: list[Any] = []
+        ops = [p.op for p in batch]
+        if self._thread is not None:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._thread, self._transaction_in_thread, ops)
         async with self._db.writer.begin() as conn:
-            appended = {p.op.record.rollout_id for p in batch if isinstance(p.op, AppendCall)}
-            if appended:
-                staged.next_seq = await queries.lock_next_seqs(conn, sorted(appended))
-            for pending in batch:
-                op = pending.op
-                if isinstance(op, AppendCall):
-                    results.append(await self._stage_call(conn, op.record, staged))
-                    continue
-                await self._flush(conn, staged)
-                if isinstance(op, CreateRollout):
-                    results.append(await _create_rollout(conn, op.new))
-                else:
-                    await _update_rollout(conn, op.rollout_id, op.values)
-                    results.append(None)
-            await self._flush(conn, staged)
+            results, staged = await conn.run_sync(self._apply, ops)
+        self._committed(staged)
+        return results
+
+    def _transaction_in_thread(self, ops: list[Op]) -> list[Any]:
+        assert self._db.sync_writer is not None
+        with self._db.sync_writer.begin() as conn:
+            results, staged = self._apply(conn, ops)
+        self._committed(staged)
+        return results
+
+    def _committed(self, staged: _Staged) -> None:
         self.commits += 1
         for rollout_id, known in staged.known.items():
             for k in known:
                 self._recent.add(rollout_id, k)
-        return results
 
-    async def _stage_call(
-        self, conn: AsyncConnection, record: CallRecord, staged: _Staged
-    ) -> CallReceipt:
+    def _apply(self, conn: Connection, ops: list[Op]) -> tuple[list[Any], _Staged]:
+        """The batch as statements on one connection, inside the caller's transaction."""
+        staged = _Staged()
+        results: list[Any] = []
+        appended = {op.record.rollout_id for op in ops if isinstance(op, AppendCall)}
+        if appended:
+            staged.next_seq = queries.lock_next_seqs(conn, sorted(appended))
+        for op in ops:
+            if isinstance(op, AppendCall):
+                results.append(self._stage_call(conn, op.record, staged))
+                continue
+            _flush(conn, staged)
+            if isinstance(op, CreateRollout):
+                results.append(_create_rollout(conn, op.new))
+            else:
+                _update_rollout(conn, op.rollout_id, op.values)
+                results.append(None)
+        _flush(conn, staged)
+        return results, staged
+
+    def _stage_call(self, conn: Connection, record: CallRecord, staged: _Staged) -> CallReceipt:
         rid = record.rollout_id
         # A rollout created in this same transaction was not there when the seqs were locked.
         seq = staged.next_seq.get(rid, 1)
@@ -176,7 +201,7 @@ class GroupCommitWriter:
         if record.prompt_ids is not None:
             if rid not in self._recent:
                 self._recent.load(
-                    rid, await queries.recent_known_calls(conn, rid, self._recent.per_rollout)
+                    rid, queries.recent_known_calls(conn, rid, self._recent.per_rollout)
                 )
             candidates = list(reversed(staged.known.get(rid, []))) + self._recent.candidates(rid)
             ref = choose_parent(record.prompt_ids, candidates)
@@ -258,25 +283,35 @@ class GroupCommitWriter:
             )
         return CallReceipt(call_id, seq)
 
-    async def _flush(self, conn: AsyncConnection, staged: _Staged) -> None:
-        if staged.calls:
-            await conn.execute(insert(call_table), staged.calls)
-            staged.calls = []
-        if staged.choices:
-            await conn.execute(insert(choice_table), staged.choices)
-            staged.choices = []
-        if staged.bodies:
-            await conn.execute(insert(call_body_table), staged.bodies)
-            staged.bodies = []
-
     def forget(self, rollout_id: str) -> None:
         """Drop the cached recent calls of a rollout that will get no more calls."""
-        self._recent.forget(rollout_id)
+        if self._thread is not None:
+            # The cache belongs to the writer thread; let it do the forgetting.
+            self._thread.submit(self._recent.forget, rollout_id)
+        else:
+            self._recent.forget(rollout_id)
 
 
-async def _create_rollout(conn: AsyncConnection, new: NewRollout) -> CreatedRollout:
+_INSERT_CALL = insert(call_table)
+_INSERT_CHOICE = insert(choice_table)
+_INSERT_BODY = insert(call_body_table)
+
+
+def _flush(conn: Connection, staged: _Staged) -> None:
+    if staged.calls:
+        conn.execute(_INSERT_CALL, staged.calls)
+        staged.calls = []
+    if staged.choices:
+        conn.execute(_INSERT_CHOICE, staged.choices)
+        staged.choices = []
+    if staged.bodies:
+        conn.execute(_INSERT_BODY, staged.bodies)
+        staged.bodies = []
+
+
+def _create_rollout(conn: Connection, new: NewRollout) -> CreatedRollout:
     rollout_id, key = new_id(), new.key or new_key()
-    await conn.execute(
+    conn.execute(
         insert(rollout_table).values(
             id=rollout_id,
             key_hash=hash_key(key),
@@ -295,11 +330,11 @@ async def _create_rollout(conn: AsyncConnection, new: NewRollout) -> CreatedRoll
     return CreatedRollout(rollout_id, key)
 
 
-async def _update_rollout(conn: AsyncConnection, rollout_id: str, values: dict[str, Any]) -> None:
+def _update_rollout(conn: Connection, rollout_id: str, values: dict[str, Any]) -> None:
     table = rollout_table
     if "meta" in values:
         values = dict(values)
         values["metadata"] = values.pop("meta")
-    result = await conn.execute(update(table).where(table.c.id == rollout_id).values(**values))
+    result = conn.execute(update(table).where(table.c.id == rollout_id).values(**values))
     if result.rowcount == 0:
         raise NotFound(f"no rollout {rollout_id!r}")

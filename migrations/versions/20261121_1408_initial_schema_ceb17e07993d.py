@@ -90,7 +90,7 @@ def upgrade() -> None:
     with op.batch_alter_table('call', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_call_prompt_parent_id'), ['prompt_parent_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_call_received_at'), ['received_at'], unique=False)
-        batch_op.create_index(batch_op.f('ix_call_rollout_id_body_hash'), ['rollout_id', 'body_hash'], unique=False)
+        batch_op.create_index(batch_op.f('ix_call_rollout_id_body_hash_seq'), ['rollout_id', 'body_hash', 'seq'], unique=False)
 
     op.create_table('call_body',
     sa.Column('call_id', sa.String(length=26), nullable=False),
@@ -118,7 +118,7 @@ def downgrade() -> None:
     op.drop_table('choice')
     op.drop_table('call_body')
     with op.batch_alter_table('call', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_call_rollout_id_body_hash'))
+        batch_op.drop_index(batch_op.f('ix_call_rollout_id_body_hash_seq'))
         batch_op.drop_index(batch_op.f('ix_call_received_at'))
         batch_op.drop_index(batch_op.f('ix_call_prompt_parent_id'))
 

@@ -17,7 +17,7 @@ from tests.support.records import call
 async def _suffix_lengths(store: Store, rollout_id: str) -> list[tuple[int, int | None, int]]:
     """(prompt_shared, parent_choice, stored suffix length) per call, in seq order."""
     c = call_table
-    async with store.db.read() as conn:
+    async with store.db.connect() as conn:
         rows = await conn.execute(
             select(c.c.prompt_shared, c.c.prompt_parent_choice, c.c.prompt_suffix)
             .where(c.c.rollout_id == rollout_id)

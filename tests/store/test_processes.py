@@ -39,7 +39,7 @@ def _acks(output: str) -> dict[str, int]:
 
 async def _assert_consistent(store: Store) -> None:
     """Every call has exactly its choices: no transaction was half applied."""
-    async with store.db.read() as conn:
+    async with store.db.connect() as conn:
         counted = (
             select(choice_table.c.call_id, func.count().label("n"))
             .group_by(choice_table.c.call_id)

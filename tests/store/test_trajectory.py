@@ -276,7 +276,7 @@ async def test_analysis_is_recorded_in_sql(store: Store, smollm2: Renderer) -> N
     again = await store.analyze_rollout(rec.rollout_id)
 
     assert built.faithfulness == again.faithfulness
-    async with store.db.read() as conn:
+    async with store.db.connect() as conn:
         rows = (
             await conn.execute(
                 select(segment_break_table).where(

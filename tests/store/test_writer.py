@@ -71,7 +71,7 @@ async def test_rollout_lifecycle_and_listing(store: Store) -> None:
 
 async def test_the_secret_key_is_stored_only_as_a_hash(store: Store) -> None:
     created = await store.create_rollout()
-    async with store.db.read() as conn:
+    async with store.db.connect() as conn:
         row = (await conn.execute(text("SELECT * FROM rollout"))).one()
     assert created.key not in [str(v) for v in row]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -39,6 +40,14 @@ def decode(ids: list[int]) -> str:
 
 def logprob_of(token_id: int) -> float:
     return -round(((token_id * 7) % 13) / 10 + 0.015625, 6)
+
+
+@functools.cache
+def _logprob_entry(token_id: int, as_ids: bool, top: int) -> dict[str, Any]:
+    """One logprobs.content entry; cached, since the benchmark asks for the same ones a lot."""
+    token = f"token_id:{token_id}" if as_ids else decode([token_id])
+    entry = {"token": token, "logprob": logprob_of(token_id), "bytes": list(token.encode())}
+    return {**entry, "top_logprobs": [entry][:top]}
 
 
 def render(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
@@ -208,20 +217,9 @@ class FakeVLLM:
 
     @staticmethod
     def _logprobs(ids: list[int], body: dict[str, Any]) -> dict[str, Any]:
-        top = int(body.get("top_logprobs") or 0)
-        content = []
-        for i in ids:
-            token = f"token_id:{i}" if body.get("return_tokens_as_token_ids") else decode([i])
-            entry = {
-                "token": token,
-                "logprob": logprob_of(i),
-                "bytes": list(token.encode()),
-                "top_logprobs": [
-                    {"token": token, "logprob": logprob_of(i), "bytes": list(token.encode())}
-                ][:top],
-            }
-            content.append(entry)
-        return {"content": content}
+        top = min(1, int(body.get("top_logprobs") or 0))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        return {"content": [_logprob_entry(i, as_ids, top) for i in ids]}
 
     async def _stream(
         self,

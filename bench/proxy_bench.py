@@ -1,0 +1,294 @@
+"""Proxy benchmark: the fake engine directly vs the proxy in front of it, side by side.
+
+    python bench/proxy_bench.py [--duration 10] [--concurrency 64] [--streams 1000]
+
+Starts the fake vLLM engine and `rolltap serve` (capture into a fresh SQLite file) as separate
+processes, then drives both with 2,000-token prompts and 200-token answers from one load
+generator (aiohttp + uvloop):
+
+- latency: a paced engine (1 ms per token non-streaming, so a call takes ~200 ms as real
+  engines do; 5 ms per token streaming, 200 tokens/s per stream) at the given concurrency: p50/p99 of each, the proxy's added latency,
+  and time-to-first-token overhead for streams;
+- throughput: an engine that answers at once, so the proxy's own ceiling shows (calls/s);
+- memory: `--streams` concurrent open streams held by a slow engine, the proxy's RSS.
+
+The fake engine tokenizes bytes, so a 2,000-token prompt is 2,000 characters of content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT_TOKENS, ANSWER_TOKENS = 2000, 200
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) -> Iterator[int]:
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args[:4]} exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                with socket.create_connection(
+                    ("127.0.0.1", int(ready_url.rsplit(":", 1)[1].split("/")[0])), timeout=0.2
+                ):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Results:
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    errors: int = 0
+    elapsed: float = 0.0
+
+    def pct(self, values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+
+def body(stream: bool, i: int) -> bytes:
+    content = (f"request {i} " + "lorem ipsum dolor sit amet " * 100)[:PROMPT_TOKENS]
+    return orjson.dumps(
+        {
+            "model": "fake-model",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 512,
+            "stream": stream,
+        }
+    )
+
+
+async def drive(
+    url: str, stream: bool, concurrency: int, duration: float, warmup: float = 1.0
+) -> Results:
+    results = Results()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        measure_from = start + warmup
+        stop = measure_from + duration
+        counter = 0
+
+        async def client() -> None:
+            nonlocal counter
+            while time.perf_counter() < stop:
+                counter += 1
+                t0 = time.perf_counter()
+                first = None
+                try:
+                    async with session.post(
+                        url,
+                        data=body(stream, counter),
+                        headers={"Content-Type": "application/json"},
+                    ) as resp:
+                        if stream:
+                            async for _ in resp.content.iter_any():
+                                if first is None:
+                                    first = time.perf_counter()
+                        else:
+                            await resp.read()
+                        ok = resp.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                t1 = time.perf_counter()
+                if t0 < measure_from:
+                    continue
+                if not ok:
+                    results.errors += 1
+                    continue
+                results.latencies.append(t1 - t0)
+                if first is not None:
+                    results.ttfts.append(first - t0)
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        results.elapsed = min(time.perf_counter(), stop) - measure_from
+    return results
+
+
+async def open_streams(url: str, n: int, hold: float, pid: int) -> tuple[int, float]:
+    """Open n streams at once through the proxy; RSS of the proxy while all are open."""
+    connector = aiohttp.TCPConnector(limit=0)
+    opened = 0
+    peak = 0.0
+    async with aiohttp.ClientSession(connector=connector) as session:
+        responses: list[aiohttp.ClientResponse] = []
+
+        async def one(i: int) -> None:
+            nonlocal opened
+            resp = await session.post(
+                url, data=body(True, i), headers={"Content-Type": "application/json"}
+            )
+            await resp.content.readany()
+            opened += 1
+            responses.append(resp)
+
+        await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+        end = time.perf_counter() + hold
+        while time.perf_counter() < end:
+            peak = max(peak, rss_mb(pid))
+            await asyncio.sleep(0.2)
+        for resp in responses:
+            resp.close()
+    return opened, peak
+
+
+def report(name: str, direct: Results, proxied: Results, stream: bool) -> None:
+    d50, d99 = direct.pct(direct.latencies, 0.5), direct.pct(direct.latencies, 0.99)
+    p50, p99 = proxied.pct(proxied.latencies, 0.5), proxied.pct(proxied.latencies, 0.99)
+    print(f"  {name}")
+    print(f"    direct   p50 {d50:8.2f} ms  p99 {d99:8.2f} ms  {direct.rate:7.0f} calls/s")
+    print(
+        f"    proxy    p50 {p50:8.2f} ms  p99 {p99:8.2f} ms  {proxied.rate:7.0f} calls/s"
+        f"  errors {proxied.errors}"
+    )
+    print(f"    added    p50 {p50 - d50:8.2f} ms  p99 {p99 - d99:8.2f} ms")
+    if stream and direct.ttfts and proxied.ttfts:
+        t_d = statistics.median(direct.ttfts) * 1000
+        t_p = statistics.median(proxied.ttfts) * 1000
+        print(f"    TTFT     direct {t_d:.2f} ms  proxy {t_p:.2f} ms  overhead {t_p - t_d:.2f} ms")
+
+
+async def create_rollout(proxy: str) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{proxy}/admin/rollouts", json={"task_id": "bench"}) as resp,
+    ):
+        return str((await resp.json())["key"])
+
+
+@contextlib.contextmanager
+def stack(token_delay_ms: float, tmp: str) -> Iterator[tuple[str, str, int]]:
+    engine_port, proxy_port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    proxy = f"http://127.0.0.1:{proxy_port}"
+    engine_cmd = [sys.executable, "-m", "tests.support.fake_vllm", "--port", str(engine_port)]
+    engine_cmd += ["--reply-tokens", str(ANSWER_TOKENS), "--token-delay-ms", str(token_delay_ms)]
+    db = f"sqlite:///{tmp}/bench-{engine_port}.sqlite"
+    proxy_cmd = [sys.executable, "-m", "rolltap.cli.main", "serve", "--backend", engine]
+    proxy_cmd += ["--db", db, "--port", str(proxy_port)]
+    with process(engine_cmd, engine), process(proxy_cmd, proxy) as pid:
+        yield engine, proxy, pid
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["latency", "throughput", "memory"]
+    )
+    args = parser.parse_args()
+    print(
+        f"prompts {PROMPT_TOKENS} tokens, answers {ANSWER_TOKENS} tokens, "
+        f"{args.concurrency} concurrent clients, {args.duration:.0f} s per run, capture into SQLite"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        if "latency" not in args.skip:
+            for stream, pace in ((False, 1.0), (True, 5.0)):
+                label = "streaming" if stream else "non-streaming"
+                print(f"latency, {label} (engine paced at {pace:g} ms/token):")
+                with stack(pace, tmp) as (engine, proxy, _):
+                    key = await create_rollout(proxy)
+                    direct = await drive(
+                        f"{engine}/v1/chat/completions", stream, args.concurrency, args.duration
+                    )
+                    proxied = await drive(
+                        f"{proxy}/r/{key}/v1/chat/completions",
+                        stream,
+                        args.concurrency,
+                        args.duration,
+                    )
+                    report(label, direct, proxied, stream)
+        if "throughput" not in args.skip:
+            print("throughput (engine answers at once):")
+            with stack(0.0, tmp) as (engine, proxy, pid):
+                key = await create_rollout(proxy)
+                for stream in (False, True):
+                    direct = await drive(
+                        f"{engine}/v1/chat/completions", stream, args.concurrency, args.duration
+                    )
+                    proxied = await drive(
+                        f"{proxy}/r/{key}/v1/chat/completions",
+                        stream,
+                        args.concurrency,
+                        args.duration,
+                    )
+                    label = "streaming" if stream else "non-streaming"
+                    print(
+                        f"  {label:<14} direct {direct.rate:6.0f} calls/s   proxy with capture "
+                        f"{proxied.rate:6.0f} calls/s  (errors {proxied.errors}, "
+                        f"proxy RSS {rss_mb(pid):.0f} MB)"
+                    )
+        if "memory" not in args.skip:
+            print(f"memory: {args.streams} concurrent open streams (engine 50 ms/token):")
+            with stack(50.0, tmp) as (_, proxy, pid):
+                key = await create_rollout(proxy)
+                idle = rss_mb(pid)
+                opened, peak = await open_streams(
+                    f"{proxy}/r/{key}/v1/chat/completions", args.streams, 3.0, pid
+                )
+                print(
+                    f"  opened {opened} streams; proxy RSS idle {idle:.0f} MB, peak {peak:.0f} MB"
+                )
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(main())

@@ -24,6 +24,7 @@ _NEW_ROLLOUT_FIELDS = {
     "batch_id": str,
     "task_id": str,
     "sample_index": int,
+    "attempt": int,
     "harness": str,
     "model": str,
     "max_calls": int,

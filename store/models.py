@@ -112,6 +112,9 @@ class Rollout(Base):
     batch_id: Mapped[str | None] = mapped_column(String(200))
     task_id: Mapped[str | None] = mapped_column(String(200))
     sample_index: Mapped[int | None] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """A sample is retried as a new attempt (an infrastructure failure, an interrupted run);
+    the attempt it replaces is marked cancelled and points to it in metadata."""
     harness: Mapped[str | None] = mapped_column(String(100))
     model: Mapped[str | None] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(20), default=RolloutStatus.PENDING.value)
@@ -129,8 +132,8 @@ class Rollout(Base):
 
     __table_args__ = (
         CheckConstraint(_in("status", RolloutStatus), name="status"),
-        # One rollout per (batch, task, sample): a resumed batch can never duplicate one.
-        UniqueConstraint("batch_id", "task_id", "sample_index"),
+        # One rollout per (batch, task, sample, attempt): a resumed batch never duplicates one.
+        UniqueConstraint("batch_id", "task_id", "sample_index", "attempt"),
         Index(None, "status", "created_at"),
         Index(None, "created_at"),
     )

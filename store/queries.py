@@ -79,6 +79,7 @@ def _rollout_view(row: Row[Any]) -> RolloutView:
         meta=m[R.c["metadata"]] or {},
         n_calls=int(m["n_calls"]),
         n_tokens=int(m["n_tokens"]),
+        attempt=m[R.c.attempt],
     )
 
 

@@ -17,6 +17,7 @@ class NewRollout:
     batch_id: str | None = None
     task_id: str | None = None
     sample_index: int | None = None
+    attempt: int = 0
     harness: str | None = None
     model: str | None = None
     max_calls: int | None = None
@@ -104,6 +105,7 @@ class RolloutView:
     n_calls: int = 0
     n_tokens: int = 0
     """Prompt plus completion tokens over all calls."""
+    attempt: int = 0
 
 
 @dataclass(frozen=True)

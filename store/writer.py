@@ -318,6 +318,7 @@ def _create_rollout(conn: Connection, new: NewRollout) -> CreatedRollout:
             batch_id=new.batch_id,
             task_id=new.task_id,
             sample_index=new.sample_index,
+            attempt=new.attempt,
             harness=new.harness,
             model=new.model,
             status=RolloutStatus.PENDING.value,

@@ -10,6 +10,7 @@ from rolltap.cli.export import export
 from rolltap.cli.harness import harness
 from rolltap.cli.inspect import ls, show
 from rolltap.cli.model import model
+from rolltap.cli.run import demo, run
 from rolltap.cli.serve import serve
 from rolltap.store.errors import StoreError
 
@@ -37,6 +38,8 @@ cli.add_command(model)
 cli.add_command(harness)
 cli.add_command(serve)
 cli.add_command(export)
+cli.add_command(run)
+cli.add_command(demo)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Example tasks shipped with rolltap (Harbor format); `rolltap demo` runs a few of them."""

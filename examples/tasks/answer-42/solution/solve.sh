@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+echo 42 > answer.txt

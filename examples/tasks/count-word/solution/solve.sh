@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+grep -oiw error server.log | wc -l | tr -d ' ' > answer.txt

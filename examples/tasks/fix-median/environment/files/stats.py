@@ -1,0 +1,11 @@
+"""Small statistics helpers."""
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def median(xs):
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid]

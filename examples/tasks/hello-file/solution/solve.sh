@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+echo hello > hello.txt

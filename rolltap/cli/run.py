@@ -1,0 +1,247 @@
+"""`rolltap run` (a batch of tasks with a harness in sandboxes) and `rolltap demo`."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from rolltap.cli.options import db_option
+from rolltap.runner import BatchProgress, BatchResult, BatchSummary, run_batch
+from rolltap.runner.harnesses import adapters
+from rolltap.runner.sandboxes.kinds import KINDS
+
+T = TypeVar("T")
+DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
+
+
+@click.command()
+@click.argument("tasks", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--harness",
+    default="mini-swe-agent",
+    show_default=True,
+    type=click.Choice(list(adapters())),
+)
+@click.option("--sandbox", default="bwrap", show_default=True, type=click.Choice(KINDS))
+@click.option("-n", "--samples", default=1, show_default=True, help="Rollouts per task.")
+@click.option("-c", "--concurrency", default=4, show_default=True, help="Harnesses at once.")
+@click.option("--eval-concurrency", type=int, help="Verifiers at once (default: -c).")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    metavar="[KIND=]URL",
+    help="Inference backend(s); default: the built-in engine.",
+)
+@click.option("--model", help="Served model name (default: what the backend serves).")
+@click.option("--batch", help="Batch name; the same name resumes the batch.")
+@click.option(
+    "--timeout",
+    type=float,
+    help="Harness wall-clock limit in seconds (default: the task's [agent] timeout_sec).",
+)
+@click.option(
+    "--max-calls",
+    default=100,
+    show_default=True,
+    help="LLM calls per rollout before the proxy ends it (0: no limit).",
+)
+@click.option(
+    "--max-tokens",
+    default=0,
+    show_default=True,
+    help="Prompt + completion tokens per rollout (0: no limit).",
+)
+@click.option("--max-steps", type=int, help="The harness's own step limit, where it has one.")
+@click.option("--retries", default=2, show_default=True, help="Retries of infrastructure failures.")
+@click.option(
+    "--proxy-socket",
+    type=click.Path(path_type=Path),
+    help="Use a running proxy's unix socket (same --db) instead of starting one.",
+)
+@click.option("--engine-model", help="Built-in engine: a model dir or GGUF file.")
+@click.option("--sandbox-image", help="Sandbox root: docker base image, bwrap rootfs, SIF file.")
+@db_option
+def run(
+    tasks: Path,
+    harness: str,
+    sandbox: str,
+    samples: int,
+    concurrency: int,
+    eval_concurrency: int | None,
+    backends: tuple[str, ...],
+    model: str | None,
+    batch: str | None,
+    timeout: float | None,
+    max_calls: int,
+    max_tokens: int,
+    max_steps: int | None,
+    retries: int,
+    proxy_socket: Path | None,
+    engine_model: str | None,
+    sandbox_image: str | None,
+    db_url: str | None,
+) -> None:
+    """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
+    console = Console()
+    progress = BatchProgress()
+    result = _with_progress(
+        console,
+        progress,
+        lambda say: run_batch(
+            tasks,
+            harness=harness,
+            sandbox=sandbox,
+            samples=samples,
+            concurrency=concurrency,
+            eval_concurrency=eval_concurrency,
+            backends=backends,
+            model=model,
+            batch=batch,
+            timeout=timeout,
+            db=db_url,
+            max_calls=max_calls or None,
+            max_tokens=max_tokens or None,
+            max_steps=max_steps,
+            retries=retries,
+            proxy_socket=proxy_socket,
+            engine_model=engine_model,
+            sandbox_image=sandbox_image,
+            progress=progress,
+            say=say,
+        ),
+    )
+    print_summary(console, result.summary)
+    _inspect_hint(console, result, db_url)
+
+
+@click.command()
+@click.option("--sandbox", type=click.Choice(KINDS), help="Default: bwrap, else local.")
+@click.option("-n", "--samples", default=1, show_default=True)
+@db_option
+def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
+    """The embedded default end to end: built-in engine, proxy, mini-swe-agent on a few tasks."""
+    console = Console()
+    if sandbox is None:
+        sandbox = "bwrap" if shutil.which("bwrap") and _bwrap_works() else "local"
+        if sandbox == "local":
+            console.print(
+                "[yellow]bubblewrap is not usable here: running in the local sandbox, "
+                "which does not isolate the agent from this machine[/yellow]"
+            )
+    from rolltap.runner.tasks import load_tasks
+
+    tasks = [t for t in load_tasks(example_tasks()) if t.id in DEMO_TASKS]
+    progress = BatchProgress()
+    result = _with_progress(
+        console,
+        progress,
+        lambda say: run_batch(
+            tasks,
+            harness="mini-swe-agent",
+            sandbox=sandbox,
+            samples=samples,
+            concurrency=3,
+            batch=f"demo-{sandbox}-{int(time.time())}",
+            db=db_url,
+            timeout=300,
+            max_calls=20,
+            max_steps=8,
+            progress=progress,
+            say=say,
+        ),
+    )
+    print_summary(console, result.summary)
+    _inspect_hint(console, result, db_url)
+
+
+def example_tasks() -> Path:
+    """examples/tasks as installed (package data of rolltap.examples)."""
+    import rolltap.examples
+
+    return Path(rolltap.examples.__file__).parent / "tasks"
+
+
+def _bwrap_works() -> bool:
+    import subprocess
+
+    probe = subprocess.run(
+        ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True, check=False
+    )
+    return probe.returncode == 0
+
+
+def _with_progress(
+    console: Console,
+    progress: BatchProgress,
+    start: Callable[[Callable[[str], None]], Coroutine[Any, Any, T]],
+) -> T:
+    async def main() -> T:
+        with Live(_progress_line(progress), console=console, refresh_per_second=4) as live:
+
+            def say(message: str) -> None:
+                live.console.print(message)
+
+            task = asyncio.get_running_loop().create_task(start(say))
+            while not task.done():
+                live.update(_progress_line(progress))
+                await asyncio.sleep(0.25)
+            live.update(_progress_line(progress))
+            return task.result()
+
+    return asyncio.run(main())
+
+
+def _progress_line(progress: BatchProgress) -> Table:
+    elapsed = max(1e-6, time.monotonic() - progress.started_at)
+    mean = sum(progress.rewards) / len(progress.rewards) if progress.rewards else None
+    table = Table.grid(padding=(0, 2))
+    width = 30
+    filled = int(width * progress.done / progress.total) if progress.total else 0
+    table.add_row(
+        f"[{'#' * filled}{'.' * (width - filled)}]",
+        f"done {progress.done}/{progress.total}",
+        f"running {progress.running}",
+        f"failed {progress.failed}",
+        f"mean reward {'-' if mean is None else f'{mean:.3f}'}",
+        f"{progress.tokens / elapsed:,.0f} tokens/s",
+    )
+    return table
+
+
+def print_summary(console: Console, summary: BatchSummary) -> None:
+    table = Table(title=f"batch {summary.batch_id}", header_style="bold")
+    for column in ("task", "samples", "mean reward", "pass@1", "pass@k", "statuses"):
+        table.add_column(column)
+    for t in summary.tasks:
+        table.add_row(
+            t.task_id,
+            str(t.samples),
+            "-" if t.mean_reward is None else f"{t.mean_reward:.3f}",
+            f"{t.pass_at_1:.3f}",
+            f"{t.pass_at_k:.3f} (k={t.k})",
+            ", ".join(f"{k} {v}" for k, v in sorted(t.statuses.items())),
+        )
+    console.print(table)
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    console.print(
+        f"{summary.rollouts} rollouts in {summary.seconds:.1f} s; {summary.calls} calls, "
+        f"{summary.tokens} tokens; mean reward {mean}"
+    )
+
+
+def _inspect_hint(console: Console, result: BatchResult, db_url: str | None) -> None:
+    db = f" --db {db_url}" if db_url else ""
+    if result.results:
+        console.print(f"inspect a rollout: rolltap show {result.results[0].rollout_id}{db}")
+    console.print(f"list the batch:    rolltap ls --batch {result.batch_id}{db}")
+    console.print(f"export it:         rolltap export --batch {result.batch_id}{db}")

@@ -1,0 +1,160 @@
+"""Run a batch: tasks x samples with one harness in one sandbox kind, through the proxy.
+
+    result = await rolltap.runner.run_batch("examples/tasks", harness="mini-swe-agent",
+                                            sandbox="bwrap", samples=4, concurrency=8)
+
+Rerunning the same batch (same name, or the same tasks, harness, model and sandbox) resumes
+it: finished rollouts are kept, unfinished ones get a new attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from rolltap.runner.harnesses import (
+    Harness,
+    Installation,
+    NotInstalled,
+    adapter,
+    install,
+    installation,
+)
+from rolltap.runner.host import ProxyHost, proxy_host
+from rolltap.runner.plan import Budget, plan
+from rolltap.runner.rollout import BatchProgress, Pools, RolloutResult, Shared, run_rollout
+from rolltap.runner.sandboxes.base import SandboxProvider
+from rolltap.runner.sandboxes.kinds import make_provider
+from rolltap.runner.summary import BatchSummary, current_attempts, summarize
+from rolltap.runner.tasks import Task, load_tasks
+from rolltap.store import Store
+from rolltap.store.url import DatabaseURL
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    batch_id: str
+    results: list[RolloutResult]
+    """The rollouts run this time (resumed batches also keep earlier ones: see summary)."""
+    summary: BatchSummary
+
+
+def default_batch_id(
+    tasks: str | Path, harness: str, model: str, sandbox: str, samples: int
+) -> str:
+    """The same command names the same batch, so running it again resumes it."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(tasks)).stem)[:40] or "tasks"
+    source = f"{Path(str(tasks)).resolve()}|{harness}|{model}|{sandbox}|{samples}"
+    return f"{stem}-{harness}-{hashlib.sha256(source.encode()).hexdigest()[:8]}"
+
+
+async def run_batch(
+    tasks: str | Path | Sequence[Task],
+    *,
+    harness: str | Harness = "mini-swe-agent",
+    sandbox: str | SandboxProvider = "bwrap",
+    installed: Installation | None = None,
+    samples: int = 1,
+    concurrency: int = 4,
+    init_concurrency: int | None = None,
+    eval_concurrency: int | None = None,
+    backends: Sequence[str] = (),
+    model: str | None = None,
+    batch: str | None = None,
+    timeout: float | None = None,
+    db: str | DatabaseURL | None = None,
+    store: Store | None = None,
+    max_calls: int | None = 100,
+    max_tokens: int | None = None,
+    max_steps: int | None = None,
+    retries: int = 2,
+    proxy_socket: Path | None = None,
+    engine_model: str | None = None,
+    sandbox_image: str | None = None,
+    logs_root: Path | None = None,
+    progress: BatchProgress | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> BatchResult:
+    """Run (or resume) a batch and return its results and summary."""
+    loaded = list(tasks) if not isinstance(tasks, str | Path) else load_tasks(Path(tasks))
+    if not loaded:
+        raise ValueError("no tasks to run")
+    adapter_ = adapter(harness) if isinstance(harness, str) else harness
+    if installed is None:
+        try:
+            installed = installation(adapter_)
+        except NotInstalled:
+            say(f"installing {adapter_.name} (once)...")
+            await asyncio.to_thread(install, adapter_, say=say)
+            installed = installation(adapter_)
+    kind = sandbox if isinstance(sandbox, str) else sandbox.kind
+    progress = progress or BatchProgress()
+    async with contextlib.AsyncExitStack() as stack:
+        if store is None:
+            store = await Store.connect(db)
+            stack.push_async_callback(store.close)
+        host: ProxyHost = await stack.enter_async_context(
+            proxy_host(
+                store,
+                backends=backends,
+                model=model,
+                socket=proxy_socket,
+                engine_model=engine_model,
+                say=say,
+            )
+        )
+        source = tasks if isinstance(tasks, str | Path) else ",".join(t.id for t in loaded)
+        batch_id = batch or default_batch_id(source, adapter_.name, host.model, kind, samples)
+        todo, kept = await plan(
+            store,
+            batch_id,
+            loaded,
+            samples,
+            harness=adapter_.name,
+            model=host.model,
+            budget=Budget(max_calls, max_tokens),
+            meta={"sandbox": kind},
+        )
+        if kept:
+            say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")
+        if isinstance(sandbox, str):
+            provider = await make_provider(sandbox, image=sandbox_image)
+            stack.push_async_callback(provider.close)
+        else:
+            provider = sandbox
+        # A crashed earlier run of this batch may have left sandboxes behind.
+        await provider.sweep(batch_id)
+        progress.total = len(todo)
+        progress.token_count = host.tokens_recorded
+        shared = Shared(
+            store=store,
+            provider=provider,
+            harness=adapter_,
+            installation=installed,
+            pools=Pools.sized(
+                init_concurrency or concurrency, concurrency, eval_concurrency or concurrency
+            ),
+            run_id=batch_id,
+            proxy_socket=host.socket,
+            model=host.model,
+            logs_root=logs_root or platformdirs.user_data_path("rolltap") / "runs" / batch_id,
+            timeout=timeout,
+            max_steps=max_steps,
+            retries=retries,
+            progress=progress,
+            sandbox_kind=kind,
+            image=sandbox_image,
+        )
+        started = time.monotonic()
+        results = await asyncio.gather(*(run_rollout(shared, p) for p in todo))
+        views = current_attempts(await store.rollouts(batch=batch_id))
+        summary = summarize(batch_id, views, time.monotonic() - started)
+        return BatchResult(batch_id, list(results), summary)

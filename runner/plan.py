@@ -1,0 +1,104 @@
+"""Which rollouts a batch still needs, creating them (or a next attempt) in the store.
+
+A batch is (tasks x samples). Each sample's latest attempt decides: a finished one is kept; an
+unfinished one (interrupted run, infrastructure failure) is marked cancelled and replaced by a
+new attempt with a fresh key, so rerunning `rolltap run` completes a batch without duplicating
+or redoing finished work, and nothing recorded is deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rolltap.runner.tasks import Task
+from rolltap.store import NewRollout, RolloutStatus, RolloutView, Store
+
+DONE = {
+    RolloutStatus.SUCCEEDED,
+    RolloutStatus.FAILED,
+    RolloutStatus.TIMED_OUT,
+    RolloutStatus.BUDGET_EXCEEDED,
+}
+INFRA = "infra_failure"
+"""Metadata flag of an attempt that failed for reasons of the machine, not of the agent."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    task: Task
+    sample_index: int
+    rollout_id: str
+    key: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_calls: int | None = None
+    max_tokens: int | None = None
+
+
+async def plan(
+    store: Store,
+    batch_id: str,
+    tasks: Sequence[Task],
+    samples: int,
+    *,
+    harness: str,
+    model: str | None,
+    budget: Budget,
+    meta: dict[str, Any],
+) -> tuple[list[Planned], list[RolloutView]]:
+    """(rollouts to run, finished rollouts kept from an earlier run)."""
+    latest: dict[tuple[str, int], RolloutView] = {}
+    for view in await store.rollouts(batch=batch_id, oldest_first=True):
+        if view.task_id is None or view.sample_index is None:
+            continue
+        slot = (view.task_id, view.sample_index)
+        if slot not in latest or view.attempt > latest[slot].attempt:
+            latest[slot] = view
+    todo: list[Planned] = []
+    kept: list[RolloutView] = []
+    for task in tasks:
+        for sample in range(samples):
+            previous = latest.get((task.id, sample))
+            if previous is not None and _finished(previous):
+                kept.append(previous)
+                continue
+            attempt = 0
+            if previous is not None:
+                attempt = previous.attempt + 1
+            created = await store.create_rollout(
+                NewRollout(
+                    batch_id=batch_id,
+                    task_id=task.id,
+                    sample_index=sample,
+                    attempt=attempt,
+                    harness=harness,
+                    model=model,
+                    max_calls=budget.max_calls,
+                    max_tokens=budget.max_tokens,
+                    meta=meta,
+                )
+            )
+            if previous is not None and previous.status not in DONE:
+                await supersede(store, previous, created.id, "interrupted")
+            todo.append(Planned(task, sample, created.id, created.key, attempt))
+    return todo, kept
+
+
+def _finished(view: RolloutView) -> bool:
+    return view.status in DONE and not view.meta.get(INFRA)
+
+
+async def supersede(store: Store, old: RolloutView, new_id: str, why: str) -> None:
+    """Close an attempt that will not finish; it points to the one that replaces it."""
+    meta = {**old.meta, "superseded_by": new_id}
+    if old.status in DONE:
+        await store.update_rollout(old.id, meta=meta)
+        return
+    await store.update_rollout(
+        old.id, status=RolloutStatus.CANCELLED, error=f"{why}; retried as {new_id}", meta=meta
+    )

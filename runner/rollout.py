@@ -1,0 +1,336 @@
+"""One rollout: INIT (sandbox + task setup), RUN (the harness), EVAL (the task's tests).
+
+Each stage waits for a slot in its own pool, so a slow verifier never holds up harnesses. The
+harness runs under a wall-clock timeout the sandbox enforces by killing its process tree.
+Failures of the machine (a sandbox that did not start, a copy that failed) are retried as a new
+attempt; timeouts and wrong answers are results, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
+from rolltap.runner.plan import INFRA, Planned, supersede
+from rolltap.runner.sandboxes.base import Limits, Mount, Sandbox, SandboxProvider, SandboxSpec
+from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxError
+from rolltap.runner.sandboxes.provision import provision
+from rolltap.runner.verify import Verdict, VerifyError, verify
+from rolltap.store import NewRollout, RolloutStatus, Store
+
+log = logging.getLogger("rolltap.runner")
+
+AGENT_LOGS = PurePosixPath("/logs/agent")
+
+
+@dataclass
+class Pools:
+    init: asyncio.Semaphore
+    run: asyncio.Semaphore
+    eval: asyncio.Semaphore
+
+    @classmethod
+    def sized(cls, init: int, run: int, eval_: int) -> Pools:
+        return cls(asyncio.Semaphore(init), asyncio.Semaphore(run), asyncio.Semaphore(eval_))
+
+
+@dataclass
+class BatchProgress:
+    """Counters the pipeline keeps and a progress display reads."""
+
+    total: int = 0
+    done: int = 0
+    running: int = 0
+    failed: int = 0
+    rewards: list[float] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
+    token_count: Callable[[], float] = lambda: 0.0
+    """Tokens the proxy recorded so far (set by the batch once its proxy runs)."""
+
+    @property
+    def tokens(self) -> float:
+        return self.token_count()
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    rollout_id: str
+    task_id: str
+    sample_index: int
+    attempt: int
+    status: RolloutStatus
+    reward: float | None
+    ending: Ending | None
+    error: str | None
+    logs_dir: Path
+    seconds: dict[str, float]
+
+
+@dataclass
+class Shared:
+    """What every rollout of a batch shares."""
+
+    store: Store
+    provider: SandboxProvider
+    harness: Harness
+    installation: Installation
+    pools: Pools
+    run_id: str
+    proxy_socket: Path
+    model: str
+    logs_root: Path
+    timeout: float | None
+    max_steps: int | None
+    retries: int
+    progress: BatchProgress
+    sandbox_kind: str
+    image: str | None = None
+
+
+class InfraFailure(Exception):
+    """The machine failed the rollout; `calls_made` tells whether the harness reached the LLM."""
+
+    def __init__(self, message: str, *, calls_made: bool) -> None:
+        super().__init__(message)
+        self.calls_made = calls_made
+
+
+async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
+    """Runs a planned rollout, retrying infrastructure failures up to `shared.retries` times."""
+    current = planned
+    for tries in range(shared.retries + 1):
+        try:
+            return await _attempt(shared, current)
+        except InfraFailure as failure:
+            log.warning("rollout %s: infrastructure failure: %s", current.rollout_id, failure)
+            if tries == shared.retries:
+                return await _give_up(shared, current, str(failure))
+            if failure.calls_made:
+                # Its calls are recorded: a fresh attempt keeps them apart from the retry's.
+                current = await _next_attempt(shared, current, str(failure))
+    raise AssertionError("unreachable")
+
+
+async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
+    task = planned.task
+    logs = shared.logs_root / planned.rollout_id
+    logs.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    spec = SandboxSpec(
+        task=task,
+        run_id=shared.run_id,
+        rollout_id=planned.rollout_id,
+        proxy_socket=shared.proxy_socket,
+        mounts=_mounts(shared.installation),
+        image=shared.image,
+        limits=Limits(memory_mb=task.environment.memory_mb, cpus=task.environment.cpus),
+    )
+    async with shared.pools.init:
+        started = time.monotonic()
+        try:
+            box = await shared.provider.create(spec)
+        except ImageBuildError as e:
+            return await _finish(
+                shared, planned, logs, RolloutStatus.FAILED, None, None, str(e), seconds
+            )
+        except SandboxError as e:
+            raise InfraFailure(f"sandbox did not start: {e}", calls_made=False) from e
+        try:
+            await provision(box, task, log=logs / "setup.log")
+        except SandboxError as e:
+            await box.close()
+            raise InfraFailure(f"task setup failed: {e}", calls_made=False) from e
+        seconds["init"] = time.monotonic() - started
+    try:
+        async with shared.pools.run:
+            started = time.monotonic()
+            shared.progress.running += 1
+            try:
+                await shared.store.update_rollout(planned.rollout_id, status=RolloutStatus.RUNNING)
+                exit_, outcome, timed_out = await _run_harness(shared, planned, box, logs)
+            except SandboxError as e:
+                raise InfraFailure(f"harness could not run: {e}", calls_made=True) from e
+            finally:
+                shared.progress.running -= 1
+            seconds["run"] = time.monotonic() - started
+        async with shared.pools.eval:
+            started = time.monotonic()
+            verdict, verify_error = await _evaluate(box, planned, logs)
+            seconds["eval"] = time.monotonic() - started
+    finally:
+        await box.close()
+    status, error = _status(await shared.store.rollout(planned.rollout_id), outcome, timed_out)
+    if verify_error is not None:
+        status, error = RolloutStatus.FAILED, verify_error
+    reward = None if verdict is None else verdict.reward.value
+    details: dict[str, Any] = {"ending": outcome.ending.value, "harness_detail": outcome.detail}
+    if exit_.returncode is not None:
+        details["harness_exit_code"] = exit_.returncode
+    if verdict is not None:
+        details |= {
+            "values": dict(verdict.reward.values),
+            "test_exit_code": verdict.result.exit_code,
+        }
+    return await _finish(
+        shared, planned, logs, status, reward, outcome.ending, error, seconds, details
+    )
+
+
+async def _run_harness(
+    shared: Shared, planned: Planned, box: Sandbox, logs: Path
+) -> tuple[HarnessExit, Outcome, bool]:
+    proxy_url = box.proxy_url
+    assert proxy_url is not None, "sandboxes of a batch always get the proxy socket"
+    ctx = RunContext(
+        instruction=planned.task.instruction,
+        rollout_url=f"{proxy_url}/r/{planned.key}",
+        key=planned.key,
+        model=shared.model,
+        workdir=PurePosixPath(box.workdir),
+        home=PurePosixPath(box.home),
+        logs_dir=AGENT_LOGS,
+        max_steps=shared.max_steps,
+    )
+    launch = shared.harness.launch(ctx, shared.installation)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (inside, content) in enumerate(launch.files.items()):
+            staged = Path(tmp) / str(i)
+            staged.write_text(content)
+            await box.put(staged, str(inside))
+    timeout = shared.timeout or planned.task.agent_timeout_sec
+    result = await box.exec(
+        list(launch.argv),
+        env=dict(launch.env),
+        cwd=str(launch.cwd),
+        timeout=timeout,
+        log=logs / "harness.log",
+    )
+    if launch.stdout_path is not None:
+        (logs / "harness-stdout.txt").write_text(result.stdout)
+    files: dict[PurePosixPath, bytes] = {}
+    agent_logs = logs / "agent"
+    with contextlib.suppress(SandboxError):
+        await box.get(str(AGENT_LOGS), agent_logs)
+    for path in launch.logs:
+        local = (
+            agent_logs / path.relative_to(AGENT_LOGS) if path.is_relative_to(AGENT_LOGS) else None
+        )
+        if local is None:
+            local = logs / "harness-files" / path.name
+            with contextlib.suppress(SandboxError):
+                await box.get(str(path), local)
+        if local.is_file():
+            files[path] = local.read_bytes()
+    exit_ = HarnessExit(
+        None if result.timed_out else result.exit_code, result.stdout, result.stderr, files
+    )
+    return exit_, shared.harness.classify(ctx, exit_), result.timed_out
+
+
+async def _evaluate(
+    box: Sandbox, planned: Planned, logs: Path
+) -> tuple[Verdict | None, str | None]:
+    try:
+        return await verify(box, planned.task, logs / "verifier"), None
+    except VerifyError as e:
+        return None, f"verifier: {e}"
+    except SandboxError as e:
+        return None, f"verifier could not run: {e}"
+
+
+def _status(view: Any, outcome: Outcome, timed_out: bool) -> tuple[RolloutStatus, str | None]:
+    if view.status is RolloutStatus.BUDGET_EXCEEDED:
+        return RolloutStatus.BUDGET_EXCEEDED, view.error
+    if timed_out:
+        return RolloutStatus.TIMED_OUT, "harness killed at its timeout"
+    if outcome.ending in (Ending.FINISHED, Ending.LIMIT):
+        return RolloutStatus.SUCCEEDED, None
+    return RolloutStatus.FAILED, f"harness {outcome.ending.value}: {outcome.detail}"[:2000]
+
+
+async def _finish(
+    shared: Shared,
+    planned: Planned,
+    logs: Path,
+    status: RolloutStatus,
+    reward: float | None,
+    ending: Ending | None,
+    error: str | None,
+    seconds: dict[str, float],
+    details: dict[str, Any] | None = None,
+) -> RolloutResult:
+    store = shared.store
+    view = await store.rollout(planned.rollout_id)
+    meta = {**view.meta, "logs_dir": str(logs), "seconds": seconds}
+    await store.update_rollout(
+        planned.rollout_id,
+        status=status,
+        reward=reward,
+        reward_details=details,
+        error=error,
+        meta=meta,
+    )
+    # The finished rollout's segments, drift breaks and faithfulness go into the store too.
+    await store.analyze_rollout(planned.rollout_id)
+    store.forget(planned.rollout_id)
+    progress = shared.progress
+    progress.done += 1
+    if status is not RolloutStatus.SUCCEEDED:
+        progress.failed += 1
+    if reward is not None:
+        progress.rewards.append(reward)
+    return RolloutResult(
+        planned.rollout_id,
+        planned.task.id,
+        planned.sample_index,
+        planned.attempt,
+        status,
+        reward,
+        ending,
+        error,
+        logs,
+        seconds,
+    )
+
+
+async def _give_up(shared: Shared, planned: Planned, why: str) -> RolloutResult:
+    view = await shared.store.rollout(planned.rollout_id)
+    await shared.store.update_rollout(planned.rollout_id, meta={**view.meta, INFRA: True})
+    logs = shared.logs_root / planned.rollout_id
+    return await _finish(
+        shared, planned, logs, RolloutStatus.FAILED, None, None, f"infrastructure: {why}", {}
+    )
+
+
+async def _next_attempt(shared: Shared, planned: Planned, why: str) -> Planned:
+    store = shared.store
+    old = await store.rollout(planned.rollout_id)
+    created = await store.create_rollout(
+        NewRollout(
+            batch_id=old.batch_id,
+            task_id=old.task_id,
+            sample_index=old.sample_index,
+            attempt=old.attempt + 1,
+            harness=old.harness,
+            model=old.model,
+            max_calls=old.max_calls,
+            max_tokens=old.max_tokens,
+            meta={k: v for k, v in old.meta.items() if k != "superseded_by"},
+        )
+    )
+    await store.update_rollout(old.id, meta={**old.meta, INFRA: True})
+    await supersede(store, old, created.id, f"infrastructure: {why}")
+    return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)
+
+
+def _mounts(installation: Installation) -> tuple[Mount, ...]:
+    paths = [installation.prefix, *installation.mounts]
+    return tuple(Mount(Path(str(p)), str(p), read_only=True) for p in paths)

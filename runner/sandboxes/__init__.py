@@ -1,0 +1,1 @@
+"""Sandboxes a rollout runs in, behind one Protocol."""

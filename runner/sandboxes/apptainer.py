@@ -1,0 +1,114 @@
+"""The `apptainer` kind, for rootless HPC hosts: every command is one `apptainer exec` over the
+rollout's workspace, like the bwrap kind.
+
+- Image: spec.image or the provider's image: a SIF file, a sandbox directory, or a URI apptainer
+  converts (docker-daemon:rolltap-task/x:hash for a task image built by the docker kind; build a
+  SIF once with `apptainer build` rather than converting per command). Workdir contents of the
+  image are hidden by the workspace, so tasks must follow the portable rule (files/ + setup.sh,
+  examples/tasks/README.md).
+- Isolation: `--containall` (fresh /dev, PID and IPC namespaces, clean environment),
+  `--net --network none` (loopback only; unprivileged use needs Apptainer >= 1.1 in its default
+  user-namespace mode), `--no-mount home,cwd`. Writable: the workspace paths and HOME=/root
+  bound from the workspace; the proxy as in the bwrap kind (python3 must be in the image).
+- Processes and limits as in the bwrap kind: the command's PID namespace dies with it; limits are
+  not enforced.
+
+Built and documented, but not exercised here: apptainer is not in Debian bookworm main.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from rolltap.runner.sandboxes.base import (
+    FORWARDER,
+    INSIDE_FORWARDER,
+    INSIDE_PROXY_DIR,
+    SandboxSpec,
+)
+from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxStartError, SandboxUnavailable
+from rolltap.runner.sandboxes.workspace import (
+    HOME,
+    Workspace,
+    create_workspace,
+    sweep_workspaces,
+)
+from rolltap.runner.sandboxes.wrapped import Wrap, WrappedSandbox
+
+
+class ApptainerProvider:
+    kind = "apptainer"
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        image: str | None = None,
+        apptainer: str = "apptainer",
+        keep: bool = False,
+    ) -> None:
+        found = shutil.which(apptainer)
+        if found is None:
+            raise SandboxUnavailable(
+                f"{apptainer} not found (it is not in Debian bookworm main; see apptainer.org)"
+            )
+        self._apptainer = found
+        self._root = root or Path(tempfile.gettempdir()) / "rolltap-apptainer"
+        self._image = image
+        self._keep = keep
+        self._live: set[WrappedSandbox] = set()
+
+    async def create(self, spec: SandboxSpec) -> WrappedSandbox:
+        image = spec.image or self._image
+        if image is None:
+            raise ImageBuildError("the apptainer kind needs an image (SIF, sandbox dir or URI)")
+        if ":" not in image and not Path(image).exists():
+            raise ImageBuildError(f"image {image} does not exist")
+        for m in spec.mounts:
+            if not m.host_path.exists():
+                raise SandboxStartError(f"mount source {m.host_path} does not exist")
+        try:
+            ws = await asyncio.to_thread(
+                create_workspace, self._root, spec.run_id, spec.rollout_id, spec.task.workdir
+            )
+        except OSError as e:
+            raise SandboxStartError(f"cannot create the workspace: {e}") from e
+        wrap = _wrapper(self._apptainer, _bind_args(spec, ws), image)
+        sandbox = WrappedSandbox(spec, ws, wrap, keep=self._keep, on_close=self._live.discard)
+        self._live.add(sandbox)
+        return sandbox
+
+    async def sweep(self, run_id: str) -> int:
+        return await asyncio.to_thread(sweep_workspaces, self._root, run_id)
+
+    async def close(self) -> None:
+        for sandbox in list(self._live):
+            await sandbox.close()
+
+
+def _wrapper(apptainer: str, binds: list[str], image: str) -> Wrap:
+    def wrap(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        flags = ["--containall", "--net", "--network", "none", "--no-mount", "home,cwd"]
+        flags += ["--pwd", cwd, *binds]
+        # --cleanenv drops the caller's environment; APPTAINERENV_X becomes X inside (HOME is
+        # apptainer's own, set by --home).
+        host_env = {f"APPTAINERENV_{k}": v for k, v in env.items() if k != "HOME"}
+        host_env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+        return [apptainer, "exec", *flags, image, *argv], host_env
+
+    return wrap
+
+
+def _bind_args(spec: SandboxSpec, ws: Workspace) -> list[str]:
+    binds = [f"{ws.host_path(inside)}:{inside}" for inside in ws.roots if inside != HOME]
+    args = ["--home", f"{ws.host_path(HOME)}:{HOME}"]
+    if spec.proxy_socket is not None:
+        binds.append(f"{FORWARDER}:{INSIDE_FORWARDER}:ro")
+        binds.append(f"{spec.proxy_socket.parent}:{INSIDE_PROXY_DIR}:ro")
+    binds += [f"{m.host_path}:{m.inside_path}:{'ro' if m.read_only else 'rw'}" for m in spec.mounts]
+    for b in binds:
+        args += ["--bind", b]
+    return args

@@ -1,0 +1,394 @@
+"""The `docker` kind: one labeled container per rollout on a local daemon, driven by docker-py.
+
+- Image: spec.image (e.g. a harness image built FROM `task_image(task)`), else the task's own
+  image (task.toml docker_image, or environment/Dockerfile built locally and cached by content
+  hash), else the base image. Nothing is pulled unless a named image is missing.
+- Container: `network_mode="none"`, memory/PID/CPU limits from spec.limits, labels rolltap.run,
+  rolltap.rollout and rolltap.task, docker-init as PID 1 (reaps orphans), auto-removed when it
+  stops; its main process is `sleep <ttl>`, so a runner killed with -9 cannot leak it for ever,
+  and `sweep(run_id)` removes what a crash left. The main process runs as root; commands run as
+  exec(user=...) or the image's USER.
+- Proxy: the socket's directory is mounted read-only at /run/rolltap/proxy and forwarder.py
+  (python3 must be in the image) serves it on 127.0.0.1:PORT for the container's lifetime.
+- Commands: each exec carries a marker variable; at its timeout every process with that marker
+  is SIGKILLed (a process that scrubs its whole environment escapes that, until close()), and
+  so is what a finished command left running while that still holds its output open; other
+  leftovers live until close().
+- docker-py blocks: every call runs in this provider's own thread pool, sized for one streaming
+  exec per concurrent rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+
+from rolltap.runner.sandboxes.base import (
+    FORWARDER,
+    INSIDE_FORWARDER,
+    INSIDE_PROXY_DIR,
+    LOG_DIRS,
+    TIMEOUT_EXIT_CODE,
+    Command,
+    ExecResult,
+    SandboxSpec,
+)
+from rolltap.runner.sandboxes.docker_copy import get_path, put_bytes, put_path
+from rolltap.runner.sandboxes.docker_exec import ContainerExec
+from rolltap.runner.sandboxes.docker_images import build_image, ensure_image, has_image, task_tag
+from rolltap.runner.sandboxes.errors import (
+    ImageBuildError,
+    SandboxCopyError,
+    SandboxError,
+    SandboxExecError,
+    SandboxStartError,
+    SandboxUnavailable,
+)
+from rolltap.runner.sandboxes.workspace import HOME, normalize
+from rolltap.runner.tasks import Task
+
+T = TypeVar("T")
+
+LABEL_RUN = "rolltap.run"
+LABEL_ROLLOUT = "rolltap.rollout"
+LABEL_TASK = "rolltap.task"
+BASE_IMAGE = "rolltap/base:bookworm"
+KILL_GRACE_SEC = 5.0
+# How often a running command is checked for "exited, but a leftover holds its output open".
+EXIT_POLL_SEC = 2.0
+
+# $1 workdir, $2 port, $3 proxy socket inside (or empty), $4 ttl seconds. The forwarder prints
+# its port on stdout once bound: the container log is how create() learns the sandbox is ready.
+_INIT = """
+mkdir -p "$1" {log_dirs} || exit 1
+if [ -n "$3" ]; then
+  python3 -I -S {forwarder} --listen "127.0.0.1:$2" --unix "$3" --ready-file /dev/stdout &
+else
+  echo ready
+fi
+exec sleep "$4"
+""".format(log_dirs=" ".join(LOG_DIRS), forwarder=INSIDE_FORWARDER)
+
+
+class DockerSandbox:
+    def __init__(
+        self,
+        provider: DockerProvider,
+        spec: SandboxSpec,
+        container_id: str,
+        default_user: str,
+        environment_built: bool,
+        on_close: Callable[[DockerSandbox], None],
+    ) -> None:
+        self._provider = provider
+        self._spec = spec
+        self.container_id = container_id
+        self._default_user = default_user
+        self._environment_built = environment_built
+        self._on_close = on_close
+        self._closed = False
+
+    @property
+    def proxy_url(self) -> str | None:
+        if self._spec.proxy_socket is None:
+            return None
+        return f"http://127.0.0.1:{self._spec.proxy_port}"
+
+    @property
+    def workdir(self) -> str:
+        return self._spec.task.workdir
+
+    @property
+    def home(self) -> str:
+        return HOME
+
+    @property
+    def environment_built(self) -> bool:
+        return self._environment_built
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        user: str | None = None,
+        log: Path | None = None,
+    ) -> ExecResult:
+        if self._closed:
+            raise SandboxExecError("the sandbox is closed")
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        token = secrets.token_hex(8)
+        raw = self._provider.raw
+        if stdin is not None:
+            path = f"/tmp/.rolltap-stdin-{token}"
+            await self._provider.run(
+                put_bytes, raw, self.container_id, stdin, path, error=SandboxCopyError
+            )
+            argv = ["sh", "-c", 'exec 0<"$0"; rm -f "$0"; exec "$@"', path, *argv]
+        command = ContainerExec(raw, self.container_id, token, log)
+        user = user or self._default_user
+        job = asyncio.ensure_future(
+            self._provider.run(command.run, argv, dict(env or {}), cwd or self.workdir, user)
+        )
+        try:
+            return await self._finish(job, command, timeout)
+        except asyncio.CancelledError:
+            await self._kill(command, job)
+            raise
+
+    async def put(self, host_path: Path, inside_path: str) -> None:
+        inside = normalize(inside_path)
+        await self._provider.run(
+            put_path, self._provider.raw, self.container_id, host_path, inside,
+            error=SandboxCopyError,
+        )  # fmt: skip
+
+    async def get(self, inside_path: str, host_path: Path) -> None:
+        inside = normalize(inside_path)
+        await self._provider.run(
+            get_path, self._provider.raw, self.container_id, inside, host_path,
+            error=SandboxCopyError,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        self._closed = True
+        self._on_close(self)
+        await self._provider.run(self._provider.remove, self.container_id)
+
+    async def _finish(
+        self, job: asyncio.Future[int], command: ContainerExec, timeout: float | None
+    ) -> ExecResult:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = EXIT_POLL_SEC if deadline is None else deadline - loop.time()
+            done, _ = await asyncio.wait([job], timeout=max(0.0, min(EXIT_POLL_SEC, left)))
+            if done:
+                return ExecResult(job.result(), command.stdout, command.stderr)
+            if deadline is not None and loop.time() >= deadline:
+                await self._kill(command, job)
+                return ExecResult(TIMEOUT_EXIT_CODE, command.stdout, command.stderr, timed_out=True)
+            if command.exec_id and not await self._provider.run(command.running):
+                # The command exited, and something it left running holds its output open.
+                await self._kill(command, job)
+                code = job.result() if job.done() else await self._provider.run(command.exit_code)
+                return ExecResult(code, command.stdout, command.stderr)
+
+    async def _kill(self, command: ContainerExec, job: asyncio.Future[int]) -> None:
+        # The container may be gone already (closed meanwhile): then so is everything in it.
+        with contextlib.suppress(SandboxError):
+            await self._provider.run(command.kill)
+        done, _ = await asyncio.wait([job], timeout=KILL_GRACE_SEC)
+        if not done:
+            # Something without the marker still holds the output open: stop reading.
+            command.abandon()
+            await asyncio.wait([job], timeout=KILL_GRACE_SEC)
+
+
+class DockerProvider:
+    kind = "docker"
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        *,
+        base_image: str = BASE_IMAGE,
+        ttl_sec: int = 12 * 3600,
+        start_timeout_sec: float = 60.0,
+        threads: int = 256,
+    ) -> None:
+        """Use `await DockerProvider.connect()`; this takes a client that answered already."""
+        self.client = client
+        self.raw: docker.APIClient = client.api
+        self._base_image = base_image
+        self._ttl_sec = ttl_sec
+        self._start_timeout_sec = start_timeout_sec
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="rolltap-docker")
+        self._builds: dict[str, asyncio.Lock] = {}
+        self._live: set[DockerSandbox] = set()
+
+    @classmethod
+    async def connect(
+        cls,
+        base_url: str | None = None,
+        *,
+        pool_size: int = 64,
+        api_timeout_sec: int = 120,
+        **options: Any,
+    ) -> DockerProvider:
+        """A provider on the daemon at base_url ($DOCKER_HOST, else /var/run/docker.sock)."""
+        url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+        def make() -> docker.DockerClient:
+            client = docker.DockerClient(
+                base_url=url, timeout=api_timeout_sec, max_pool_size=pool_size
+            )
+            client.ping()
+            return client
+
+        try:
+            client = await asyncio.to_thread(make)
+        except docker.errors.DockerException as e:
+            raise SandboxUnavailable(f"no docker daemon answers at {url}: {e}") from e
+        return cls(client, **options)
+
+    async def run(
+        self, fn: Callable[..., T], *args: Any, error: type[SandboxError] = SandboxExecError
+    ) -> T:
+        """Runs a blocking docker-py call in the pool; docker's errors (and requests', which are
+        OSErrors) come back as `error`."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except SandboxError:
+            raise
+        except (docker.errors.DockerException, OSError) as e:
+            raise error(f"docker: {e}") from e
+
+    async def task_image(self, task: Task) -> str:
+        """The image of the task's environment, built or found locally (harness images build
+        FROM it); the base image for tasks that name none."""
+        env = task.environment
+        try:
+            if env.docker_image is not None:
+                await self.run(ensure_image, self.client, env.docker_image, error=ImageBuildError)
+                return env.docker_image
+            if env.dockerfile_dir is None:
+                if env.compose_file is not None:
+                    raise ImageBuildError("docker-compose environments are not supported")
+                return self._base_image
+            tag = task_tag(task.id, env.dockerfile_dir)
+            async with self._builds.setdefault(tag, asyncio.Lock()):
+                if not await self.run(has_image, self.raw, tag, error=ImageBuildError):
+                    await self.run(
+                        build_image, self.raw, env.dockerfile_dir, tag, {LABEL_TASK: task.id},
+                        env.build_timeout_sec, error=ImageBuildError,
+                    )  # fmt: skip
+            return tag
+        except ImageBuildError as e:
+            raise ImageBuildError(f"{task.id}: {e}") from e
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        image = spec.image or await self.task_image(spec.task)
+        environment_built = spec.task.environment.has_image
+        container_id, user = await self.run(self._start, spec, image, error=SandboxStartError)
+        try:
+            await self._wait_ready(container_id)
+        except BaseException:
+            with contextlib.suppress(SandboxError):
+                await self.run(self.remove, container_id)
+            raise
+        sandbox = DockerSandbox(
+            self, spec, container_id, user, environment_built, self._live.discard
+        )
+        self._live.add(sandbox)
+        return sandbox
+
+    async def sweep(self, run_id: str) -> int:
+        def sweep() -> int:
+            found = self.raw.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+            for c in found:
+                self.remove(c["Id"])
+            return len(found)
+
+        return await self.run(sweep, error=SandboxError)
+
+    async def close(self) -> None:
+        for sandbox in list(self._live):
+            with contextlib.suppress(SandboxError):
+                await sandbox.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+    def remove(self, container_id: str) -> None:
+        try:
+            self.raw.remove_container(container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            # 409: the daemon is removing it already (auto_remove after the main process ended).
+            if e.status_code != 409:
+                raise
+
+    def _start(self, spec: SandboxSpec, image: str) -> tuple[str, str]:
+        """Creates and starts the container; returns its id and the image's default user."""
+        try:
+            config = self.raw.inspect_image(image)["Config"] or {}
+        except docker.errors.ImageNotFound as e:
+            raise ImageBuildError(f"image {image} is not present") from e
+        binds = {str(m.host_path): {"bind": m.inside_path, "mode": "ro" if m.read_only else "rw"}
+                 for m in spec.mounts}  # fmt: skip
+        unix = ""
+        if spec.proxy_socket is not None:
+            binds[str(FORWARDER)] = {"bind": INSIDE_FORWARDER, "mode": "ro"}
+            binds[str(spec.proxy_socket.parent)] = {"bind": INSIDE_PROXY_DIR, "mode": "ro"}
+            unix = f"{INSIDE_PROXY_DIR}/{spec.proxy_socket.name}"
+        limits = spec.limits
+        memory = f"{limits.memory_mb}m" if limits.memory_mb else None
+        host_config = self.raw.create_host_config(
+            binds=binds,
+            network_mode="none",
+            init=True,
+            auto_remove=True,
+            mem_limit=memory,
+            memswap_limit=memory,
+            pids_limit=limits.pids,
+            nano_cpus=int(limits.cpus * 1e9) if limits.cpus else None,
+        )
+        created = self.raw.create_container(
+            image,
+            entrypoint=["/bin/sh", "-c", _INIT, "rolltap-init"],
+            command=[spec.task.workdir, str(spec.proxy_port), unix, str(self._ttl_sec)],
+            user="0:0",
+            working_dir=spec.task.workdir,
+            environment=dict(spec.env),
+            labels={
+                LABEL_RUN: spec.run_id,
+                LABEL_ROLLOUT: spec.rollout_id,
+                LABEL_TASK: spec.task.id,
+            },
+            host_config=host_config,
+        )
+        container_id = str(created["Id"])
+        try:
+            self.raw.start(container_id)
+        except docker.errors.APIError:
+            self.remove(container_id)
+            raise
+        return container_id, str(config.get("User") or "")
+
+    async def _wait_ready(self, container_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._start_timeout_sec
+        while loop.time() < deadline:
+            out = await self.run(self._logs, container_id, True, error=SandboxStartError)
+            if out is None:
+                raise SandboxStartError("the container ended while starting")
+            if out.strip():
+                return
+            await asyncio.sleep(0.02)
+        err = await self.run(self._logs, container_id, False, error=SandboxStartError) or b""
+        detail = err.decode("utf-8", "replace").strip()[-500:] or "no output"
+        raise SandboxStartError(f"the sandbox did not get ready: {detail}")
+
+    def _logs(self, container_id: str, stdout: bool) -> bytes | None:
+        """The container's stdout (or stderr) so far; None once it is gone or going (404, 409:
+        its main process ended and auto_remove is at work)."""
+        try:
+            logs: bytes = self.raw.logs(container_id, stdout=stdout, stderr=not stdout)
+        except docker.errors.APIError as e:
+            if e.status_code in (404, 409):
+                return None
+            raise
+        return logs

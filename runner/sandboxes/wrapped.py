@@ -1,0 +1,120 @@
+"""A sandbox whose every command is one host process wrapping it in fresh namespaces (bwrap,
+apptainer) over a persistent host workspace, with the proxy forwarder in front of the command."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from rolltap.runner.sandboxes.base import (
+    INSIDE_FORWARDER,
+    INSIDE_PROXY_DIR,
+    Command,
+    ExecResult,
+    SandboxSpec,
+)
+from rolltap.runner.sandboxes.errors import SandboxExecError
+from rolltap.runner.sandboxes.process import run_process
+from rolltap.runner.sandboxes.workspace import (
+    HOME,
+    Workspace,
+    copy_in,
+    copy_out,
+    locate,
+    remove_workspace,
+)
+
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+Wrap = Callable[[list[str], str, dict[str, str]], tuple[list[str], dict[str, str]]]
+"""(argv inside, cwd inside, env inside) -> (host argv, host env)."""
+
+
+class WrappedSandbox:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        ws: Workspace,
+        wrap: Wrap,
+        *,
+        keep: bool,
+        on_close: Callable[[WrappedSandbox], None],
+    ) -> None:
+        self._spec = spec
+        self._ws = ws
+        self._wrap = wrap
+        self._keep = keep
+        self._on_close = on_close
+        self._closed = False
+
+    @property
+    def proxy_url(self) -> str | None:
+        if self._spec.proxy_socket is None:
+            return None
+        return f"http://127.0.0.1:{self._spec.proxy_port}"
+
+    @property
+    def workdir(self) -> str:
+        return self._spec.task.workdir
+
+    @property
+    def home(self) -> str:
+        return HOME
+
+    @property
+    def environment_built(self) -> bool:
+        return False
+
+    @property
+    def workspace(self) -> Path:
+        return self._ws.dir
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        user: str | None = None,
+        log: Path | None = None,
+    ) -> ExecResult:
+        if self._closed:
+            raise SandboxExecError("the sandbox is closed")
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        inside_env = {
+            "PATH": PATH,
+            "HOME": HOME,
+            "LANG": "C.UTF-8",
+            **self._spec.env,
+            **(env or {}),
+        }
+        host_argv, host_env = self._wrap(
+            forwarder_argv(self._spec) + argv, cwd or self.workdir, inside_env
+        )
+        return await run_process(host_argv, env=host_env, stdin=stdin, timeout=timeout, log=log)
+
+    async def put(self, host_path: Path, inside_path: str) -> None:
+        dest, fence = locate(self._ws, self._spec.mounts, inside_path, writing=True)
+        await asyncio.to_thread(copy_in, host_path, dest, fence)
+
+    async def get(self, inside_path: str, host_path: Path) -> None:
+        src, fence = locate(self._ws, self._spec.mounts, inside_path, writing=False)
+        await asyncio.to_thread(copy_out, src, host_path, fence)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._on_close(self)
+        if not self._keep:
+            await asyncio.to_thread(remove_workspace, self._ws)
+
+
+def forwarder_argv(spec: SandboxSpec) -> list[str]:
+    """The inside argv prefix that serves the proxy on loopback for one command."""
+    if spec.proxy_socket is None:
+        return []
+    listen = f"127.0.0.1:{spec.proxy_port}"
+    unix = f"{INSIDE_PROXY_DIR}/{spec.proxy_socket.name}"
+    return ["python3", "-I", "-S", INSIDE_FORWARDER, "--listen", listen, "--unix", unix, "--"]

@@ -2,9 +2,104 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from rolltap.engine.errors import ModelLoadError
+from rolltap.engine.params import LogprobsMode
 
 
 @click.group()
 def model() -> None:
     """The built-in model backend (transformers + torch, vLLM's wire format)."""
+
+
+@model.command()
+@click.argument("model_path", metavar="[MODEL]", required=False)
+@click.option("--port", default=8200, show_default=True, help="TCP port; 0 picks a free one.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    default="auto",
+    show_default=True,
+    help="auto: float32 on CPU, bfloat16 on CUDA.",
+)
+@click.option("--served-model-name", default=None, help="Name clients use as `model`.")
+@click.option(
+    "--chat-template",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A jinja chat template file that replaces the model's own.",
+)
+@click.option(
+    "--reasoning-parser", type=click.Choice(["think", "none"]), default="none", show_default=True
+)
+@click.option(
+    "--logprobs-mode",
+    type=click.Choice([m.value for m in LogprobsMode]),
+    default=LogprobsMode.PROCESSED.value,
+    show_default=True,
+)
+@click.option("--max-batch", default=16, show_default=True, help="Most sequences decoded at once.")
+@click.option("--max-model-len", type=int, default=None, help="Context length (default: model's).")
+@click.option(
+    "--threads", type=int, default=None, help="torch threads (default: usable cores minus one)."
+)
+@click.option("--max-body-mb", default=64.0, show_default=True, help="Largest request body.")
+@click.option(
+    "--gguf-cache/--no-gguf-cache",
+    default=True,
+    show_default=True,
+    help="Keep a dequantized copy of a GGUF model (in ROLLTAP_ENGINE_CACHE or the user cache "
+    "directory) so later starts skip the slow GGUF parse.",
+)
+@click.option("--ready-file", type=click.Path(path_type=Path), default=None, hidden=True)
+@click.option("--parent-fd", type=int, default=None, hidden=True)
+def serve(
+    model_path: str | None,
+    port: int,
+    host: str,
+    device: str,
+    dtype: str,
+    served_model_name: str | None,
+    chat_template: Path | None,
+    reasoning_parser: str,
+    logprobs_mode: str,
+    max_batch: int,
+    max_model_len: int | None,
+    threads: int | None,
+    max_body_mb: float,
+    gguf_cache: bool,
+    ready_file: Path | None,
+    parent_fd: int | None,
+) -> None:
+    """Serve MODEL (a Hugging Face directory or a .gguf file; default SmolLM2-135M-Instruct)
+    over an OpenAI-compatible API that speaks vLLM's dialect (token ids, logprobs)."""
+    from rolltap.engine.serve import ServeConfig
+    from rolltap.engine.serve import serve as run_server
+
+    config = ServeConfig(
+        model=model_path,
+        host=host,
+        port=port,
+        device=device,
+        dtype=dtype,
+        served_model_name=served_model_name,
+        chat_template=chat_template,
+        reasoning_parser=reasoning_parser,
+        logprobs_mode=LogprobsMode(logprobs_mode),
+        max_batch=max_batch,
+        max_model_len=max_model_len,
+        threads=threads,
+        max_body=int(max_body_mb * 1024 * 1024),
+        gguf_cache=gguf_cache,
+        ready_file=ready_file,
+        parent_fd=parent_fd,
+    )
+    try:
+        run_server(config)
+    except ModelLoadError as e:
+        raise click.ClickException(str(e)) from e

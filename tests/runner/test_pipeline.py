@@ -70,8 +70,12 @@ async def test_batch_rewards_calls_and_tokens(
     assert len(result.results) == 4
     rewards = {(r.task_id, r.sample_index): r.reward for r in result.results}
     # The script solves hello-file and not answer-42: the real tests say so.
-    assert rewards == {("hello-file", 0): 1.0, ("hello-file", 1): 1.0,
-                       ("answer-42", 0): 0.0, ("answer-42", 1): 0.0}
+    assert rewards == {
+        ("hello-file", 0): 1.0,
+        ("hello-file", 1): 1.0,
+        ("answer-42", 0): 0.0,
+        ("answer-42", 1): 0.0,
+    }
     for r in result.results:
         assert r.status is RolloutStatus.SUCCEEDED
         (call,) = await store.calls(r.rollout_id)
@@ -194,7 +198,7 @@ def test_killed_run_resumes_without_duplicates(tmp_path: Path) -> None:
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
 
-    second = subprocess.run(args + ["--fast"], cwd=ROOT, capture_output=True, text=True)
+    second = subprocess.run([*args, "--fast"], cwd=ROOT, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
 
     async def check() -> None:
@@ -225,8 +229,9 @@ def test_killed_run_resumes_without_duplicates(tmp_path: Path) -> None:
     asyncio.run(check())
 
 
-@pytest.mark.parametrize(("n", "c", "k", "expected"), [(4, 0, 1, 0.0), (4, 4, 1, 1.0),
-                                                       (4, 1, 1, 0.25), (4, 1, 4, 1.0),
-                                                       (5, 2, 2, 0.7)])
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [(4, 0, 1, 0.0), (4, 4, 1, 1.0), (4, 1, 1, 0.25), (4, 1, 4, 1.0), (5, 2, 2, 0.7)],
+)
 def test_pass_at_k(n: int, c: int, k: int, expected: float) -> None:
     assert pass_at_k(n, c, k) == pytest.approx(expected)

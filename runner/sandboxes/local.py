@@ -3,11 +3,11 @@ with no isolation at all (host network, host processes, host files).
 
 Task paths are absolute (/app, /tests, /logs/verifier, /solution). Mapping them with a mount
 namespace would need a new root (bwrap's job), so this kind rewrites them instead: every
-occurrence of the workdir, /logs, /tests and /solution in commands, working directories,
-environment values, and text files copied under /tests or /solution becomes the matching
-workspace directory, and so does HOME (/root): HOME is the workspace's own. Paths the agent composes at run time are not
-rewritten: an agent that writes to /app itself writes to the host's /app. Use bwrap for real
-runs. Timeouts kill the command's process group and its descendants; a descendant that left
+occurrence of the workdir, /logs, /tests, /solution and HOME (/root) in commands, working
+directories, environment values, and text files copied under /tests or /solution becomes the
+matching workspace directory: HOME is the workspace's own. Paths the agent composes at run
+time are not rewritten: an agent that writes to /app itself writes to the host's /app. Use bwrap
+for real runs. Timeouts kill the command's process group and its descendants; a descendant that left
 both (setsid, then orphaned) can survive.
 """
 

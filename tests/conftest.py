@@ -9,6 +9,7 @@ import pytest
 
 from rolltap.store import Store
 from tests.support.databases import PostgresServer, postgres_unavailable_reason, start_postgres
+from tests.support.engine import smollm_engine  # noqa: F401  (the real model, once a session)
 
 
 @pytest.fixture(scope="session")

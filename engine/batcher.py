@@ -1,0 +1,375 @@
+"""Dynamic batching: one scheduler thread prefills new requests and decodes running rows together.
+
+Each loop iteration (1) takes new requests and cancellations from the inbox, (2) prefills waiting
+requests up to a token budget (long prompts in chunks, so running streams keep getting tokens),
+adding each finished prefill as n rows of the batch cache, and (3) runs one batched forward over
+every running row and samples each row's next token with its own parameters and RNG. Tokens are
+handed to each request's sink as soon as they are sampled, so every stream of a batch streams.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from transformers.cache_utils import Cache
+
+from rolltap.engine.detok import TextStream
+from rolltap.engine.kvcache import BatchCache, join, keep, new_cache
+from rolltap.engine.model import LoadedModel
+from rolltap.engine.params import LogprobsMode, SamplingParams
+from rolltap.engine.sampling import RowSampler, Sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of choice `index`, with the text it released and maybe the finish."""
+
+    index: int
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    text: str
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The engine could not finish the request (a forward pass failed, or shutdown)."""
+
+    message: str
+
+
+Event = TokenEvent | Failure
+Sink = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    max_batch: int = 16
+    """Most rows (sequences, n counts each) decoded together."""
+    prefill_chunk: int = 256
+    """Prompt tokens prefilled per loop iteration, between two decode steps."""
+    threads: int | None = None
+    """torch intra-op threads; None: one per usable core but one, which is left to the event
+    loop (on a 2-core box a second OpenMP thread mostly waits on a descheduled sibling)."""
+
+
+@dataclass
+class BatcherStats:
+    requests_submitted: int = 0
+    requests_finished: int = 0
+    requests_cancelled: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    batched_decode_steps: int = 0
+    """Decode steps that ran more than one row."""
+    max_batch_seen: int = 0
+    decode_steps_by_batch: dict[int, int] = field(default_factory=dict)
+    """How many decode steps ran with each number of rows."""
+    running: int = 0
+    waiting: int = 0
+
+
+@dataclass
+class _Pending:
+    ticket: int
+    request: GenerationRequest
+    sink: Sink
+    offset: int = 0
+    """Prompt tokens prefilled so far."""
+    cache: Cache | None = None
+    logits: torch.Tensor | None = None
+
+
+@dataclass
+class _Row:
+    ticket: int
+    index: int
+    request: GenerationRequest
+    sink: Sink
+    sampler: RowSampler
+    text: TextStream
+    generated: int = 0
+    last: int = 0
+    finished: bool = False
+
+
+@dataclass
+class _Ticket:
+    sink: Sink
+    open_rows: int
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    ticket: int
+
+
+_STOP = object()
+
+
+class Batcher:
+    """Owns the model's forward passes; thread-safe `submit`/`cancel` from any thread."""
+
+    def __init__(self, lm: LoadedModel, mode: LogprobsMode, config: BatcherConfig) -> None:
+        self._lm = lm
+        self._mode = mode
+        self._config = config
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self._tickets = itertools.count(1)
+        self._stats = BatcherStats()
+        self._stats_lock = threading.Lock()
+        self._waiting: deque[_Pending] = deque()
+        self._rows: list[_Row] = []
+        self._batch: BatchCache | None = None
+        self._open: dict[int, _Ticket] = {}
+        self._thread = threading.Thread(target=self._loop, name="rolltap-batcher", daemon=True)
+        cfg = lm.model.config
+        self._layers = int(cfg.num_hidden_layers)
+        self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        self._head_dim = int(
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        )
+        self._vocab = int(lm.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def max_batch(self) -> int:
+        return self._config.max_batch
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join()
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> int:
+        """Queue a request; its events go to `sink` from the scheduler thread. Returns a ticket."""
+        ticket = next(self._tickets)
+        self._inbox.put(_Pending(ticket, request, sink))
+        return ticket
+
+    def cancel(self, ticket: int) -> None:
+        """Stop a request's rows (the client went away); no more events are sent for it."""
+        self._inbox.put(_Cancel(ticket))
+
+    def stats(self) -> BatcherStats:
+        with self._stats_lock:
+            snapshot = replace(
+                self._stats, decode_steps_by_batch=dict(self._stats.decode_steps_by_batch)
+            )
+        # Read without the lock: the scheduler replaces these containers, never leaves them torn.
+        snapshot.running = len(self._rows)
+        snapshot.waiting = len(self._waiting)
+        return snapshot
+
+    # -- scheduler thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        torch.set_num_threads(self._config.threads or max(1, len(os.sched_getaffinity(0)) - 1))
+        with torch.inference_mode():
+            while self._take_commands(block=not (self._rows or self._waiting)):
+                try:
+                    self._prefill()
+                    if self._rows:
+                        self._decode()
+                except Exception as e:
+                    # The thread boundary: whatever went wrong, the waiting clients must hear of
+                    # it, and the loop must keep serving the requests that come next.
+                    log.exception("forward pass failed; failing the running requests")
+                    self._fail_all(f"engine error: {e}")
+        self._fail_all("the engine is shutting down")
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued submissions and cancellations; False once asked to stop."""
+        while True:
+            try:
+                command = self._inbox.get(block=block, timeout=None)
+            except queue.Empty:
+                return True
+            block = False
+            if command is _STOP:
+                return False
+            if isinstance(command, _Pending):
+                self._waiting.append(command)
+                self._open[command.ticket] = _Ticket(command.sink, command.request.n)
+                self._count(requests_submitted=1)
+            elif isinstance(command, _Cancel):
+                self._cancel(command.ticket)
+
+    def _cancel(self, ticket: int) -> None:
+        state = self._open.pop(ticket, None)
+        if state is None:
+            return
+        self._count(requests_cancelled=1)
+        self._waiting = deque(p for p in self._waiting if p.ticket != ticket)
+        for row in self._rows:
+            if row.ticket == ticket:
+                row.finished = True
+        self._drop_finished()
+
+    def _prefill(self) -> None:
+        budget = self._config.prefill_chunk
+        while self._waiting and budget > 0:
+            pending = self._waiting[0]
+            if self._rows and len(self._rows) + pending.request.n > self._config.max_batch:
+                return
+            budget -= self._prefill_chunk(pending, budget)
+            if pending.offset == len(pending.request.prompt_ids):
+                self._waiting.popleft()
+                self._start_rows(pending)
+
+    def _prefill_chunk(self, pending: _Pending, budget: int) -> int:
+        prompt = pending.request.prompt_ids
+        if pending.cache is None:
+            shape = (1, self._kv_heads, len(prompt) + 1, self._head_dim)
+            pending.cache = new_cache(self._layers, shape, self._lm.model.dtype, self._lm.device)
+        chunk = prompt[pending.offset : pending.offset + budget]
+        device = self._lm.device
+        positions = torch.arange(pending.offset, pending.offset + len(chunk), device=device)
+        out = self._lm.model(
+            input_ids=torch.tensor([chunk], device=device),
+            position_ids=positions.view(1, -1),
+            past_key_values=pending.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        pending.offset += len(chunk)
+        pending.logits = out.logits[0, -1].float()
+        self._count(prompt_tokens=len(chunk))
+        return len(chunk)
+
+    def _start_rows(self, pending: _Pending) -> None:
+        request = pending.request
+        assert pending.logits is not None
+        seed = request.params.seed
+        started: list[_Row] = []
+        for index in range(request.n):
+            row = _Row(
+                ticket=pending.ticket,
+                index=index,
+                request=request,
+                sink=pending.sink,
+                sampler=RowSampler(
+                    request.params,
+                    self._mode,
+                    self._lm.device,
+                    self._vocab,
+                    request.prompt_ids,
+                    None if seed is None else seed + index,
+                ),
+                text=TextStream(
+                    self._lm.tokenizer,
+                    request.stop,
+                    request.include_stop_str_in_output,
+                    request.skip_special_tokens,
+                ),
+            )
+            self._accept(row, row.sampler.sample(pending.logits))
+            if not row.finished:
+                started.append(row)
+        if started:
+            assert pending.cache is not None
+            self._batch = join(self._batch, pending.cache, len(started))
+            self._rows.extend(started)
+
+    def _decode(self) -> None:
+        assert self._batch is not None
+        tokens = torch.tensor([row.last for row in self._rows], device=self._lm.device)
+        out = self._lm.model(**self._batch.step_inputs(tokens))
+        logits = out.logits[:, -1].float()
+        for i, row in enumerate(self._rows):
+            self._accept(row, row.sampler.sample(logits[i]))
+        rows = len(self._rows)
+        with self._stats_lock:
+            self._stats.decode_steps += 1
+            self._stats.batched_decode_steps += rows > 1
+            self._stats.max_batch_seen = max(self._stats.max_batch_seen, rows)
+            by_batch = self._stats.decode_steps_by_batch
+            by_batch[rows] = by_batch.get(rows, 0) + 1
+        self._drop_finished()
+
+    def _accept(self, row: _Row, sample: Sample) -> None:
+        """Record a sampled token on its row, decide whether the row is done, emit the event."""
+        request = row.request
+        token = sample.token_id
+        row.generated += 1
+        row.last = token
+        text = row.text.push(token)
+        finish: str | None = None
+        stop_reason: int | str | None = None
+        if not request.ignore_eos and token in self._lm.eos_token_ids:
+            finish = "stop"
+        elif token in request.stop_token_ids:
+            finish, stop_reason = "stop", token
+        elif row.text.stopped is not None:
+            finish, stop_reason = "stop", row.text.stopped
+        elif (
+            row.generated >= request.max_tokens
+            or len(request.prompt_ids) + row.generated >= self._lm.max_model_len
+        ):
+            finish = "length"
+        if finish is not None:
+            text += row.text.finish()
+            row.finished = True
+        self._count(generated_tokens=1)
+        row.sink(
+            TokenEvent(row.index, token, sample.logprob, sample.top, text, finish, stop_reason)
+        )
+        if finish is not None:
+            self._close_row(row.ticket)
+
+    def _close_row(self, ticket: int) -> None:
+        state = self._open.get(ticket)
+        if state is None:
+            return
+        state.open_rows -= 1
+        if state.open_rows == 0:
+            del self._open[ticket]
+            self._count(requests_finished=1)
+
+    def _drop_finished(self) -> None:
+        kept = [i for i, row in enumerate(self._rows) if not row.finished]
+        if len(kept) == len(self._rows):
+            return
+        self._rows = [self._rows[i] for i in kept]
+        self._batch = keep(self._batch, kept) if self._batch is not None else None
+
+    def _fail_all(self, message: str) -> None:
+        for state in self._open.values():
+            state.sink(Failure(message))
+        self._open.clear()
+        self._waiting.clear()
+        self._rows = []
+        self._batch = None
+
+    def _count(self, **increments: int) -> None:
+        with self._stats_lock:
+            for name, value in increments.items():
+                setattr(self._stats, name, getattr(self._stats, name) + value)

@@ -1,0 +1,101 @@
+"""The served engine: model, batcher and chat renderer, with an async view of generation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from rolltap.engine.batcher import Batcher, Event, Failure, GenerationRequest, TokenEvent
+from rolltap.engine.chat import ChatRenderer
+from rolltap.engine.errors import BadRequest, EngineError
+from rolltap.engine.model import LoadedModel
+
+
+class GenerationFailed(EngineError):
+    """The batcher gave up on a request (a forward pass failed, or it shut down)."""
+
+
+@dataclass
+class Engine:
+    lm: LoadedModel
+    batcher: Batcher
+    renderer: ChatRenderer
+    reasoning_parser: bool
+
+    def __post_init__(self) -> None:
+        tokenizer = self.lm.tokenizer
+        # One id's text is asked for at every logprob position; the vocabulary is small.
+        self.token_text = lru_cache(maxsize=1 << 16)(
+            lambda token_id: str(tokenizer.decode([token_id], skip_special_tokens=False))
+        )
+
+    @property
+    def name(self) -> str:
+        return self.lm.name
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.lm.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.lm.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def check_ids(self, ids: list[int], param: str) -> None:
+        vocab = len(self.lm.tokenizer)
+        bad = [i for i in ids if i >= vocab]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is out of vocabulary (size {vocab})", param)
+
+    def max_tokens(self, prompt_len: int, asked: int | None) -> int:
+        """vLLM's rule: the prompt must leave room, and max_tokens defaults to what is left."""
+        limit = self.lm.max_model_len
+        if prompt_len >= limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {prompt_len} input tokens. Please reduce the length of the input messages."
+            )
+        if asked is not None and prompt_len + asked > limit:
+            raise BadRequest(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's "
+                f"maximum context length is {limit} tokens and your request has {prompt_len} "
+                f"input tokens ({asked} > {limit} - {prompt_len}).",
+                "max_tokens",
+            )
+        return asked if asked is not None else limit - prompt_len
+
+    async def generate(
+        self, requests: list[GenerationRequest]
+    ) -> AsyncGenerator[tuple[int, TokenEvent], None]:
+        """Run requests together; yields (request position, event) as tokens are sampled.
+
+        Closing the iterator early (a client went away) cancels whatever is still running.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+
+        def sink_for(position: int) -> Any:
+            def sink(event: Event) -> None:
+                # Runs on the scheduler thread; a closed loop means nobody is listening anymore.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(queue.put_nowait, (position, event))
+
+            return sink
+
+        tickets = [self.batcher.submit(r, sink_for(i)) for i, r in enumerate(requests)]
+        open_rows = [r.n for r in requests]
+        try:
+            while any(open_rows):
+                position, event = await queue.get()
+                if isinstance(event, Failure):
+                    open_rows[position] = 0
+                    raise GenerationFailed(event.message)
+                if event.finish_reason is not None:
+                    open_rows[position] -= 1
+                yield position, event
+        finally:
+            for ticket, rows in zip(tickets, open_rows, strict=True):
+                if rows:
+                    self.batcher.cancel(ticket)

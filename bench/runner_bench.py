@@ -5,21 +5,32 @@
 Sandbox part: per kind, `create` (a sandbox ready for commands, proxy forwarder included),
 `first exec` (`true`, through the forwarder), `close`, and `start` = create + first exec (what a
 rollout waits for before its harness can run). Kinds that cannot run here are reported as skipped.
+
+Runner part (`--overhead N`, default 128): N rollouts of a trivial task at once, in bwrap, with a
+harness that exits at once, through the real pipeline and proxy (a fake engine behind it). Per
+rollout: total time, time inside sandbox operations (create, exec, put, get, close: timed by a
+wrapper around the provider), and the runner's own overhead = total - sandbox time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
+
+# The runner part reuses the test suite's fakes (a shell harness, a fake engine).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rolltap.runner.sandboxes.base import SandboxProvider, SandboxSpec
 from rolltap.runner.sandboxes.errors import SandboxUnavailable
@@ -98,6 +109,120 @@ async def sandbox_start_stop(kind: str, n: int, proxy_socket: Path) -> list[Row]
     ]
 
 
+class TimedSandbox:
+    """Times every operation of a sandbox, so the pipeline's own time can be told apart."""
+
+    def __init__(self, inner: Any, spent: list[float]) -> None:
+        self._inner = inner
+        self._spent = spent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def _timed(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await op(*args, **kwargs)
+        finally:
+            self._spent.append(time.perf_counter() - t0)
+
+    async def exec(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed(self._inner.exec, *args, **kwargs)
+
+    async def put(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed(self._inner.put, *args, **kwargs)
+
+    async def get(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed(self._inner.get, *args, **kwargs)
+
+    async def close(self) -> Any:
+        return await self._timed(self._inner.close)
+
+
+class TimedProvider:
+    def __init__(self, inner: SandboxProvider) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self.spent: dict[str, list[float]] = {}
+
+    async def create(self, spec: SandboxSpec) -> Any:
+        spent = self.spent.setdefault(spec.rollout_id, [])
+        t0 = time.perf_counter()
+        box = await self.inner.create(spec)
+        spent.append(time.perf_counter() - t0)
+        return TimedSandbox(box, spent)
+
+    async def sweep(self, run_id: str) -> int:
+        return await self.inner.sweep(run_id)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def runner_overhead(n: int, kind: str) -> list[Row]:
+    """n trivial rollouts at once through run_batch; per-rollout total, sandbox and overhead."""
+    from rolltap.runner import run_batch
+    from tests.support.fake_harness import ShellHarness, cleanup, shell_installation
+    from tests.support.proxy import fake_engine
+
+    root = Path(tempfile.mkdtemp(prefix="rolltap-overhead-"))
+    tasks = [
+        Task(
+            id=f"trivial-{i}",
+            instruction="do nothing",
+            source=root,
+            workdir="/app",
+            environment=TaskEnvironment(),
+            test_script="exit 0",
+            reward_from_exit_code=True,
+        )
+        for i in range(n)
+    ]
+    installed = shell_installation()
+    provider = TimedProvider(await make_provider(kind, root=root / "boxes"))
+    try:
+        async with fake_engine() as engine:
+            cpu0 = _cpu()
+            t0 = time.perf_counter()
+            result = await run_batch(
+                tasks,
+                harness=ShellHarness("true"),
+                installed=installed,
+                sandbox=provider,
+                concurrency=n,
+                backends=[engine.url],
+                db=f"sqlite:///{root / 'store.sqlite'}",
+                logs_root=root / "logs",
+            )
+            wall = time.perf_counter() - t0
+            cpu = _cpu() - cpu0
+    finally:
+        await provider.close()
+        cleanup(installed)
+        shutil.rmtree(root, ignore_errors=True)
+    failed = [r for r in result.results if r.reward != 1.0]
+    if failed:
+        raise RuntimeError(f"{len(failed)} trivial rollouts failed: {failed[0].error}")
+    totals = [r.seconds["total"] * 1e3 for r in result.results]
+    inside = [sum(provider.spent[r.rollout_id]) * 1e3 for r in result.results]
+    overhead = [t - s for t, s in zip(totals, inside, strict=True)]
+    return [
+        (f"{n} rollouts at once ({kind})", f"all done in {wall:.1f} s"),
+        (
+            "  runner process CPU per rollout",
+            f"{cpu / n * 1e3:.1f} ms (user+sys of this process, sandbox spawning included)",
+        ),
+        Row("rollout total", totals),
+        Row("  inside the sandbox", inside),
+        Row("  runner overhead", overhead),
+    ]
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def with_proxy_socket(body: Callable[[Path], object]) -> None:
     directory = Path(tempfile.mkdtemp(prefix="rt-bench-", dir="/tmp"))
     runner = web.AppRunner(web.Application())
@@ -110,7 +235,7 @@ async def with_proxy_socket(body: Callable[[Path], object]) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def main(kinds: Sequence[str], n: int) -> None:
+async def main(kinds: Sequence[str], n: int, overhead: int) -> None:
     rows: list[Row | tuple[str, str]] = []
 
     async def run(sock: Path) -> None:
@@ -121,6 +246,8 @@ async def main(kinds: Sequence[str], n: int) -> None:
                 rows.append((f"{kind}: skipped", str(e)))
 
     await with_proxy_socket(run)
+    if overhead:
+        rows.extend(await runner_overhead(overhead, "bwrap"))
     print_table(rows)
 
 
@@ -128,5 +255,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kinds", default="local,bwrap,docker")
     parser.add_argument("--n", type=int, default=50)
+    parser.add_argument("--overhead", type=int, default=128, help="0 skips the runner part")
     args = parser.parse_args()
-    asyncio.run(main(args.kinds.split(","), args.n))
+    asyncio.run(main(args.kinds.split(","), args.n, args.overhead))

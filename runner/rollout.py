@@ -123,7 +123,7 @@ async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
     task = planned.task
     logs = shared.logs_root / planned.rollout_id
     logs.mkdir(parents=True, exist_ok=True)
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float] = {"started": time.monotonic()}
     spec = SandboxSpec(
         task=task,
         run_id=shared.run_id,
@@ -167,7 +167,7 @@ async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
             seconds["eval"] = time.monotonic() - started
     finally:
         await box.close()
-    status, error = _status(await shared.store.rollout(planned.rollout_id), outcome, timed_out)
+    status, error = _status(outcome, timed_out)
     if verify_error is not None:
         status, error = RolloutStatus.FAILED, verify_error
     reward = None if verdict is None else verdict.reward.value
@@ -246,9 +246,7 @@ async def _evaluate(
         return None, f"verifier could not run: {e}"
 
 
-def _status(view: Any, outcome: Outcome, timed_out: bool) -> tuple[RolloutStatus, str | None]:
-    if view.status is RolloutStatus.BUDGET_EXCEEDED:
-        return RolloutStatus.BUDGET_EXCEEDED, view.error
+def _status(outcome: Outcome, timed_out: bool) -> tuple[RolloutStatus, str | None]:
     if timed_out:
         return RolloutStatus.TIMED_OUT, "harness killed at its timeout"
     if outcome.ending in (Ending.FINISHED, Ending.LIMIT):
@@ -269,6 +267,10 @@ async def _finish(
 ) -> RolloutResult:
     store = shared.store
     view = await store.rollout(planned.rollout_id)
+    if view.status is RolloutStatus.BUDGET_EXCEEDED:
+        # The proxy ended it: its budget, not the harness, decided how it ended.
+        status, error = RolloutStatus.BUDGET_EXCEEDED, view.error
+    started = seconds.pop("started", None)
     meta = {**view.meta, "logs_dir": str(logs), "seconds": seconds}
     await store.update_rollout(
         planned.rollout_id,
@@ -278,9 +280,12 @@ async def _finish(
         error=error,
         meta=meta,
     )
-    # The finished rollout's segments, drift breaks and faithfulness go into the store too.
-    await store.analyze_rollout(planned.rollout_id)
+    if view.n_calls:
+        # The finished rollout's segments, drift breaks and faithfulness go into the store too.
+        await store.analyze_rollout(planned.rollout_id)
     store.forget(planned.rollout_id)
+    if started is not None:
+        seconds["total"] = time.monotonic() - started
     progress = shared.progress
     progress.done += 1
     if status is not RolloutStatus.SUCCEEDED:

@@ -114,6 +114,7 @@ async def verify(
         " mkdir -p /tests /logs/verifier && chmod 777 /logs/verifier",
         user=ROOT,
         timeout=60,
+        proxy=False,
     )
     if task.tests_dir is not None:
         await sandbox.put(task.tests_dir, "/tests")
@@ -127,6 +128,7 @@ async def verify(
         timeout=task.verifier_timeout_sec,
         user=task.verifier_user,
         log=log or out_dir / TEST_OUTPUT,
+        proxy=False,
     )
     if result.timed_out:
         raise VerifierTimeout(

@@ -67,7 +67,7 @@ def open_database(url: DatabaseURL) -> Database:
             connect_args={"timeout": 30, "check_same_thread": False},
         )
         _configure_sqlite(sync_writer, "BEGIN IMMEDIATE", url.sqlite_synchronous)
-        reader = _sqlite_engine(url, "BEGIN", pool_size=4)
+        reader = _sqlite_engine(url, "BEGIN", pool_size=8)
         return Database(url, writer, reader, sync_writer)
     engine = create_async_engine(
         url.url, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800

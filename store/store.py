@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +29,13 @@ from rolltap.store.records import (
 )
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
 from rolltap.store.url import DatabaseURL, resolve_url
-from rolltap.store.writer import AppendCall, CreateRollout, GroupCommitWriter, UpdateRollout
+from rolltap.store.writer import (
+    AppendCall,
+    Apply,
+    CreateRollout,
+    GroupCommitWriter,
+    UpdateRollout,
+)
 
 FINAL_STATUSES = {
     RolloutStatus.SUCCEEDED,
@@ -206,7 +213,7 @@ class Store:
         """Build a rollout's trajectories and record its breaks and faithfulness summary in the
         segment_break and rollout_faithfulness tables (replacing an earlier analysis)."""
         built = await self.rollout_trajectories(rollout_id, detokenizer=detokenizer)
-        await trajectory.record(self.db, built)
+        await self._writer.submit(Apply(functools.partial(trajectory.record, built=built)))
         return built
 
 

@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from rolltap.store import compress
@@ -412,8 +413,9 @@ def _trajectory(
     )
 
 
-async def record(db: Database, built: RolloutTrajectories) -> None:
-    """Store a rollout's breaks and faithfulness summary, replacing an earlier analysis."""
+def record(conn: Connection, built: RolloutTrajectories) -> None:
+    """Store a rollout's breaks and faithfulness summary, replacing an earlier analysis (inside
+    the caller's transaction: the store runs it on its one writer)."""
     rid = built.rollout.id
     rows = [
         {
@@ -444,9 +446,8 @@ async def record(db: Database, built: RolloutTrajectories) -> None:
         "text_only_calls": f.text_only_calls,
         "skipped_calls": f.skipped_calls,
     }
-    async with db.writer.begin() as conn:
-        await conn.execute(delete(SB).where(SB.c.rollout_id == rid))
-        await conn.execute(delete(RF).where(RF.c.rollout_id == rid))
-        if rows:
-            await conn.execute(insert(SB), rows)
-        await conn.execute(insert(RF), [summary])
+    conn.execute(delete(SB).where(SB.c.rollout_id == rid))
+    conn.execute(delete(RF).where(RF.c.rollout_id == rid))
+    if rows:
+        conn.execute(insert(SB), rows)
+    conn.execute(insert(RF), [summary])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,7 +52,14 @@ class UpdateRollout:
     values: dict[str, Any]
 
 
-Op = AppendCall | CreateRollout | UpdateRollout
+@dataclass(frozen=True)
+class Apply:
+    """Any other write: a function run inside the batch's transaction, on the one writer."""
+
+    fn: Callable[[Connection], Any]
+
+
+Op = AppendCall | CreateRollout | UpdateRollout | Apply
 
 
 @dataclass
@@ -181,9 +189,11 @@ class GroupCommitWriter:
             _flush(conn, staged)
             if isinstance(op, CreateRollout):
                 results.append(_create_rollout(conn, op.new))
-            else:
+            elif isinstance(op, UpdateRollout):
                 _update_rollout(conn, op.rollout_id, op.values)
                 results.append(None)
+            else:
+                results.append(op.fn(conn))
         _flush(conn, staged)
         return results, staged
 

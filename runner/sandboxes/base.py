@@ -124,10 +124,12 @@ class Sandbox(Protocol):
         stdin: bytes | None = None,
         user: str | None = None,
         log: Path | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         """Runs cmd (in the workdir by default); at `timeout` seconds kills its whole process
         tree and returns timed_out=True. Output is captured in full and, with `log`, appended
-        to that host file as it arrives."""
+        to that host file as it arrives. `proxy=False`: the command needs no proxy (setup,
+        tests), so kinds that start a forwarder per command (bwrap, apptainer) skip it."""
         ...
 
     async def put(self, host_path: Path, inside_path: str) -> None:

@@ -125,6 +125,7 @@ class DockerSandbox:
         stdin: bytes | None = None,
         user: str | None = None,
         log: Path | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         if self._closed:
             raise SandboxExecError("the sandbox is closed")

@@ -107,6 +107,7 @@ class LocalSandbox:
         stdin: bytes | None = None,
         user: str | None = None,
         log: Path | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         if self._closed:
             raise SandboxExecError("the sandbox is closed")

@@ -24,7 +24,7 @@ async def provision(sandbox: Sandbox, task: Task, *, log: Path | None = None) ->
         await sandbox.put(env.files_dir, task.workdir)
     if env.setup_script is not None:
         result = await sandbox.exec(
-            env.setup_script, timeout=env.build_timeout_sec, user=ROOT, log=log
+            env.setup_script, timeout=env.build_timeout_sec, user=ROOT, log=log, proxy=False
         )
         if not result.ok:
             what = "timed out" if result.timed_out else f"exited with {result.exit_code}"
@@ -45,6 +45,7 @@ async def solve(sandbox: Sandbox, task: Task, *, log: Path | None = None) -> Exe
         timeout=task.agent_timeout_sec,
         user=task.agent_user,
         log=log,
+        proxy=False,
     )
 
 

@@ -80,6 +80,7 @@ class WrappedSandbox:
         stdin: bytes | None = None,
         user: str | None = None,
         log: Path | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         if self._closed:
             raise SandboxExecError("the sandbox is closed")
@@ -91,9 +92,8 @@ class WrappedSandbox:
             **self._spec.env,
             **(env or {}),
         }
-        host_argv, host_env = self._wrap(
-            forwarder_argv(self._spec) + argv, cwd or self.workdir, inside_env
-        )
+        forwarder = forwarder_argv(self._spec) if proxy else []
+        host_argv, host_env = self._wrap(forwarder + argv, cwd or self.workdir, inside_env)
         return await run_process(host_argv, env=host_env, stdin=stdin, timeout=timeout, log=log)
 
     async def put(self, host_path: Path, inside_path: str) -> None:

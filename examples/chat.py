@@ -1,0 +1,57 @@
+"""A short multi-turn chat through the rolltap proxy with the openai SDK, as a harness would.
+
+    rolltap serve                      # in one terminal: the proxy on the built-in engine
+    python examples/chat.py            # in another; then: rolltap show <the rollout it prints>
+
+It creates a rollout through the admin API, talks to the proxy at the rollout's base URL, and
+prints what the store recorded for each turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import urllib.request
+
+import openai
+
+
+def create_rollout(proxy: str, admin_token: str | None) -> dict[str, str]:
+    request = urllib.request.Request(
+        f"{proxy}/admin/rollouts",
+        data=json.dumps({"task_id": "chat-example"}).encode(),
+        headers={"Content-Type": "application/json"}
+        | ({"Authorization": f"Bearer {admin_token}"} if admin_token else {}),
+    )
+    with urllib.request.urlopen(request) as response:
+        created: dict[str, str] = json.load(response)
+    return created
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--proxy", default="http://127.0.0.1:8100")
+    parser.add_argument("--turns", type=int, default=3)
+    args = parser.parse_args()
+
+    rollout = create_rollout(args.proxy, os.environ.get("ROLLTAP_ADMIN_TOKEN"))
+    client = openai.OpenAI(base_url=rollout["base_url"], api_key="unused")
+    model = client.models.list().data[0].id
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": "You are a friendly assistant. Answer in one sentence."}
+    ]
+    questions = ["What is the capital of France?", "And of Italy?", "Which one is bigger?"]
+    for question in questions[: args.turns]:
+        messages.append({"role": "user", "content": question})
+        reply = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=48, temperature=0  # type: ignore[arg-type]
+        )
+        answer = reply.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": answer})
+        print(f"> {question}\n{answer}\n")
+    print(f"rollout {rollout['id']}: rolltap show {rollout['id']}")
+
+
+if __name__ == "__main__":
+    main()

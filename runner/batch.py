@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,12 +26,21 @@ from rolltap.runner.harnesses import (
     Installation,
     NotInstalled,
     adapter,
+    image_installation,
     install,
     installation,
 )
+from rolltap.runner.harnesses.images import build_context, host_ca_bundle
 from rolltap.runner.host import ProxyHost, proxy_host
 from rolltap.runner.plan import Budget, plan
-from rolltap.runner.rollout import BatchProgress, Pools, RolloutResult, Shared, run_rollout
+from rolltap.runner.rollout import (
+    BatchProgress,
+    BuildsHarnessImages,
+    Pools,
+    RolloutResult,
+    Shared,
+    run_rollout,
+)
 from rolltap.runner.sandboxes.base import SandboxProvider
 from rolltap.runner.sandboxes.kinds import make_provider
 from rolltap.runner.summary import BatchSummary, current_attempts, summarize
@@ -62,6 +72,7 @@ async def run_batch(
     harness: str | Harness = "mini-swe-agent",
     sandbox: str | SandboxProvider = "bwrap",
     installed: Installation | None = None,
+    harness_from: str = "auto",
     samples: int = 1,
     concurrency: int = 4,
     init_concurrency: int | None = None,
@@ -78,6 +89,7 @@ async def run_batch(
     retries: int = 2,
     proxy_socket: Path | None = None,
     engine_model: str | None = None,
+    engine_args: Sequence[str] = (),
     sandbox_image: str | None = None,
     logs_root: Path | None = None,
     progress: BatchProgress | None = None,
@@ -88,6 +100,13 @@ async def run_batch(
     if not loaded:
         raise ValueError("no tasks to run")
     adapter_ = adapter(harness) if isinstance(harness, str) else harness
+    if harness_from not in ("auto", "host", "image"):
+        raise ValueError(f"harness_from={harness_from!r}: use auto, host or image")
+    kind = sandbox if isinstance(sandbox, str) else sandbox.kind
+    # Docker runs the harness from harness_images/<name>/ built on the task's image.
+    images = harness_from == "image" or (harness_from == "auto" and kind == "docker")
+    if images:
+        installed = image_installation(adapter_)
     if installed is None:
         try:
             installed = installation(adapter_)
@@ -95,7 +114,6 @@ async def run_batch(
             say(f"installing {adapter_.name} (once)...")
             await asyncio.to_thread(install, adapter_, say=say)
             installed = installation(adapter_)
-    kind = sandbox if isinstance(sandbox, str) else sandbox.kind
     progress = progress or BatchProgress()
     async with contextlib.AsyncExitStack() as stack:
         if store is None:
@@ -108,6 +126,7 @@ async def run_batch(
                 model=model,
                 socket=proxy_socket,
                 engine_model=engine_model,
+                engine_args=engine_args,
                 say=say,
             )
         )
@@ -130,6 +149,12 @@ async def run_batch(
             stack.push_async_callback(provider.close)
         else:
             provider = sandbox
+        image_context = None
+        if images:
+            if not isinstance(provider, BuildsHarnessImages):
+                raise ValueError(f"the {kind} sandbox cannot build harness images; use host")
+            context = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rolltap-img-")))
+            image_context = build_context(adapter_, context, host_ca_bundle())
         # A crashed earlier run of this batch may have left sandboxes behind.
         await provider.sweep(batch_id)
         progress.total = len(todo)
@@ -152,6 +177,7 @@ async def run_batch(
             progress=progress,
             sandbox_kind=kind,
             image=sandbox_image,
+            image_context=image_context,
         )
         started = time.monotonic()
         results = await asyncio.gather(*(run_rollout(shared, p) for p in todo))

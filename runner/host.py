@@ -42,6 +42,7 @@ async def proxy_host(
     model: str | None = None,
     socket: Path | None = None,
     engine_model: str | None = None,
+    engine_args: Sequence[str] = (),
     say: Callable[[str], None] = lambda _: None,
 ) -> AsyncIterator[ProxyHost]:
     """`socket` given: use that running proxy (it must share this store's database)."""
@@ -58,7 +59,7 @@ async def proxy_host(
             from rolltap.engine.launch import EngineProcess
 
             say("starting the built-in engine (loads the model once)...")
-            engine = await EngineProcess.astart(engine_model)
+            engine = await EngineProcess.astart(engine_model, extra_args=engine_args)
             stack.push_async_callback(asyncio.to_thread, engine.stop)
             urls = [engine.url]
             model = model or engine.model

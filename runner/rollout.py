@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
 from rolltap.runner.plan import INFRA, Planned, supersede
 from rolltap.runner.sandboxes.base import Limits, Mount, Sandbox, SandboxProvider, SandboxSpec
 from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxError
 from rolltap.runner.sandboxes.provision import provision
+from rolltap.runner.tasks import Task
 from rolltap.runner.verify import Verdict, VerifyError, verify
 from rolltap.store import NewRollout, RolloutStatus, Store
 
@@ -93,6 +94,15 @@ class Shared:
     progress: BatchProgress
     sandbox_kind: str
     image: str | None = None
+    image_context: Path | None = None
+    """harness_images/<name>/ ready to build: set when the harness comes from an image."""
+
+
+@runtime_checkable
+class BuildsHarnessImages(Protocol):
+    """A provider that runs a harness from an image built on the task's image (docker)."""
+
+    async def harness_image(self, task: Task, name: str, context: Path) -> str: ...
 
 
 class InfraFailure(Exception):
@@ -124,18 +134,10 @@ async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
     logs = shared.logs_root / planned.rollout_id
     logs.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {"started": time.monotonic()}
-    spec = SandboxSpec(
-        task=task,
-        run_id=shared.run_id,
-        rollout_id=planned.rollout_id,
-        proxy_socket=shared.proxy_socket,
-        mounts=_mounts(shared.installation),
-        image=shared.image,
-        limits=Limits(memory_mb=task.environment.memory_mb, cpus=task.environment.cpus),
-    )
     async with shared.pools.init:
         started = time.monotonic()
         try:
+            spec = await _spec(shared, planned)
             box = await shared.provider.create(spec)
         except ImageBuildError as e:
             return await _finish(
@@ -334,6 +336,24 @@ async def _next_attempt(shared: Shared, planned: Planned, why: str) -> Planned:
     await store.update_rollout(old.id, meta={**old.meta, INFRA: True})
     await supersede(store, old, created.id, f"infrastructure: {why}")
     return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)
+
+
+async def _spec(shared: Shared, planned: Planned) -> SandboxSpec:
+    task = planned.task
+    image, mounts = shared.image, _mounts(shared.installation)
+    if shared.image_context is not None:
+        assert isinstance(shared.provider, BuildsHarnessImages)
+        image = await shared.provider.harness_image(task, shared.harness.name, shared.image_context)
+        mounts = ()
+    return SandboxSpec(
+        task=task,
+        run_id=shared.run_id,
+        rollout_id=planned.rollout_id,
+        proxy_socket=shared.proxy_socket,
+        mounts=mounts,
+        image=image,
+        limits=Limits(memory_mb=task.environment.memory_mb, cpus=task.environment.cpus),
+    )
 
 
 def _mounts(installation: Installation) -> tuple[Mount, ...]:

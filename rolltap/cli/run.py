@@ -70,6 +70,14 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 )
 @click.option("--engine-model", help="Built-in engine: a model dir or GGUF file.")
 @click.option("--sandbox-image", help="Sandbox root: docker base image, bwrap rootfs, SIF file.")
+@click.option(
+    "--harness-from",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "host", "image"]),
+    help="image: harness_images/NAME/Dockerfile built on the task image (docker's "
+    "default); host: the `rolltap harness install` prefix, mounted read-only.",
+)
 @db_option
 def run(
     tasks: Path,
@@ -89,6 +97,7 @@ def run(
     proxy_socket: Path | None,
     engine_model: str | None,
     sandbox_image: str | None,
+    harness_from: str,
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
@@ -116,6 +125,7 @@ def run(
             proxy_socket=proxy_socket,
             engine_model=engine_model,
             sandbox_image=sandbox_image,
+            harness_from=harness_from,
             progress=progress,
             say=say,
         ),
@@ -156,6 +166,8 @@ def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
             timeout=300,
             max_calls=20,
             max_steps=8,
+            # A 135M model on a CPU: bound each answer so a ramble costs seconds, not minutes.
+            engine_args=("--default-max-tokens", "256", "--max-tokens-cap", "512"),
             progress=progress,
             say=say,
         ),

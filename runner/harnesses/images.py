@@ -1,8 +1,8 @@
 """Docker build contexts for harness_images/<name>/Dockerfile (harness on top of a task image).
 
 Build: `docker build --network host --build-arg BASE=<task image> <context>`; the harness lands at
-`install.image_installation(harness).prefix`. The Dockerfiles live in the source tree (they are
-not package data), so this works from a checkout or an editable install.
+`install.image_installation(harness).prefix`. The Dockerfiles ship as package data of
+rolltap.harness_images (the top-level harness_images/ folder).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import os
 import shutil
 from pathlib import Path
 
+import rolltap.harness_images
 from rolltap.runner.harnesses.base import Harness
 from rolltap.runner.harnesses.errors import HarnessError
 
-IMAGES_DIR = Path(__file__).resolve().parents[2] / "harness_images"
+IMAGES_DIR = Path(rolltap.harness_images.__file__).parent
 
 
 def dockerfile(harness: Harness) -> Path:

@@ -44,7 +44,15 @@ from rolltap.runner.sandboxes.base import (
 )
 from rolltap.runner.sandboxes.docker_copy import get_path, put_bytes, put_path
 from rolltap.runner.sandboxes.docker_exec import ContainerExec
-from rolltap.runner.sandboxes.docker_images import build_image, ensure_image, has_image, task_tag
+from rolltap.runner.sandboxes.docker_images import (
+    HARNESS_BUILD_TIMEOUT,
+    build_image,
+    ensure_image,
+    harness_hash,
+    has_image,
+    image_id,
+    task_tag,
+)
 from rolltap.runner.sandboxes.errors import (
     ImageBuildError,
     SandboxCopyError,
@@ -53,7 +61,7 @@ from rolltap.runner.sandboxes.errors import (
     SandboxStartError,
     SandboxUnavailable,
 )
-from rolltap.runner.sandboxes.workspace import HOME, normalize
+from rolltap.runner.sandboxes.workspace import HOME, label, normalize
 from rolltap.runner.tasks import Task
 
 T = TypeVar("T")
@@ -279,6 +287,21 @@ class DockerProvider:
             return tag
         except ImageBuildError as e:
             raise ImageBuildError(f"{task.id}: {e}") from e
+
+    async def harness_image(self, task: Task, name: str, context: Path) -> str:
+        """The task's image with a harness installed on top by the Dockerfile in `context`
+        (harness_images/<name>/), built once per task image and Dockerfile. The build reaches
+        PyPI and npm through the host's network; the containers themselves never do."""
+        base = await self.task_image(task)
+        base_id = await self.run(image_id, self.raw, base, error=ImageBuildError)
+        tag = f"rolltap-harness/{label(name).lower()}:{harness_hash(base_id, context)}"
+        async with self._builds.setdefault(tag, asyncio.Lock()):
+            if not await self.run(has_image, self.raw, tag, error=ImageBuildError):
+                await self.run(
+                    build_image, self.raw, context, tag, {LABEL_TASK: task.id},
+                    HARNESS_BUILD_TIMEOUT, {"BASE": base}, "host", error=ImageBuildError,
+                )  # fmt: skip
+        return tag
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         image = spec.image or await self.task_image(spec.task)

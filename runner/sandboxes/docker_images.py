@@ -14,9 +14,21 @@ import docker.errors
 from rolltap.runner.sandboxes.errors import ImageBuildError
 from rolltap.runner.sandboxes.workspace import label
 
+HARNESS_BUILD_TIMEOUT = 1800.0
+"""Installing a harness (pip or npm) into an image can take minutes on a cold cache."""
+
 
 def task_tag(task_id: str, context: Path) -> str:
     return f"rolltap-task/{label(task_id).lower()}:{content_hash(context)}"
+
+
+def harness_hash(base_image_id: str, context: Path) -> str:
+    """Changes when the task image or the harness's build context does."""
+    return hashlib.sha256(f"{base_image_id}|{content_hash(context)}".encode()).hexdigest()[:16]
+
+
+def image_id(api: docker.APIClient, name: str) -> str:
+    return str(api.inspect_image(name)["Id"])
 
 
 def has_image(api: docker.APIClient, name: str) -> bool:
@@ -37,13 +49,19 @@ def ensure_image(client: docker.DockerClient, name: str) -> None:
 
 
 def build_image(
-    api: docker.APIClient, context: Path, tag: str, labels: dict[str, str], timeout: float
+    api: docker.APIClient,
+    context: Path,
+    tag: str,
+    labels: dict[str, str],
+    timeout: float,
+    buildargs: dict[str, str] | None = None,
+    network_mode: str | None = None,
 ) -> None:
     lines: list[str] = []
     try:
         for item in api.build(
             path=str(context), tag=tag, rm=True, forcerm=True, decode=True, labels=labels,
-            timeout=int(timeout),
+            timeout=int(timeout), buildargs=buildargs, network_mode=network_mode,
         ):  # fmt: skip
             if "error" in item:
                 raise ImageBuildError(f"building {context}: {item['error'].strip()}")

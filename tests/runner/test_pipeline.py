@@ -59,6 +59,7 @@ async def test_batch_rewards_calls_and_tokens(
             tasks,
             harness=ShellHarness(SOLVES_HELLO),
             installed=installed,
+            harness_from="host",
             sandbox=provider,
             samples=2,
             concurrency=2,
@@ -112,8 +113,20 @@ async def test_hanging_harness_is_killed_at_its_timeout_with_its_process_tree(
     assert r.status is RolloutStatus.TIMED_OUT
     assert r.reward == 0.0  # the verifier still ran on what the harness left
     pid = int(pidfile.read_text())
-    await asyncio.sleep(0.2)
-    assert not Path(f"/proc/{pid}").exists(), "a descendant of the harness survived"
+    for _ in range(50):
+        if not _running(pid):
+            break
+        await asyncio.sleep(0.1)
+    assert not _running(pid), "a descendant of the harness survived"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits for PID 1 to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 class FlakyProvider:

@@ -1,0 +1,69 @@
+"""mini-swe-agent, unmodified, on the real SmolLM2 built-in engine through the proxy, in local,
+bwrap and docker sandboxes: the small model rarely solves a task, but every rollout must finish
+with its calls recorded with token ids and a reward from the task's real test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rolltap.engine.launch import EngineProcess
+from rolltap.runner import run_batch
+from rolltap.runner.harnesses import NotInstalled, adapter, installation
+from rolltap.runner.tasks import load_tasks
+from rolltap.store import Capture, RolloutStatus, Store
+from tests.support.sandboxes import provider_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bounded_engine() -> Iterator[EngineProcess]:
+    """The built-in engine with each answer bounded: a 135M model on a CPU can ramble."""
+    with EngineProcess.start(extra_args=["--default-max-tokens", "96"]) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("kind", ["local", "bwrap", "docker"])
+async def test_mini_swe_agent_on_smollm(
+    kind: str, bounded_engine: EngineProcess, store: Store, tmp_path: Path
+) -> None:
+    harness = adapter("mini-swe-agent")
+    try:
+        installed = installation(harness)
+    except NotInstalled:
+        pytest.skip("mini-swe-agent is not installed: run `rolltap harness install mini-swe-agent`")
+    tasks = [t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file"]
+
+    async with provider_of(kind, tmp_path / "boxes") as provider:
+        result = await run_batch(
+            tasks,
+            harness=harness,
+            installed=installed,
+            sandbox=provider,
+            backends=[bounded_engine.url],
+            store=store,
+            max_steps=2,
+            max_calls=6,
+            timeout=240,
+            logs_root=tmp_path / "logs",
+        )
+
+    (r,) = result.results
+    assert r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.BUDGET_EXCEEDED), (
+        r.error,
+        r.logs_dir,
+    )
+    assert r.reward in (0.0, 1.0)
+    calls = await store.calls(r.rollout_id)
+    assert calls, f"no call reached the proxy; see {r.logs_dir}"
+    assert all(c.capture is Capture.TOKENS for c in calls if c.status.value == "ok")
+    tokens = await store.call_tokens(calls[0].id)
+    assert len(tokens.prompt_ids) > 100
+    assert len(tokens.choices[0].token_ids) > 0
+    view = await store.rollout(r.rollout_id)
+    assert view.reward_details is not None
+    assert "test_exit_code" in view.reward_details

@@ -1,0 +1,94 @@
+"""Real harness binaries in a real batch: runner + bwrap sandbox + proxy + a fake vLLM engine
+that answers each harness with its own tool calls (so the episode is deterministic and the
+reward comes out 1 from the task's real test), every call recorded with token ids."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolltap.runner import run_batch
+from rolltap.runner.harnesses import NotInstalled, adapter, installation
+from rolltap.runner.tasks import load_tasks
+from rolltap.store import Capture, RolloutStatus, Store
+from tests.support.fake_vllm import FakeVLLM, Reply
+from tests.support.proxy import fake_engine
+from tests.support.sandboxes import provider_of
+from tests.support.scripted_llm import Call, Say
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+WRITE = "echo hello > hello.txt"
+
+EPISODES: dict[str, list[Call | Say]] = {
+    "mini-swe-agent": [
+        Call("bash", {"command": WRITE}),
+        Call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
+    ],
+    "qwen-code": [
+        Call("run_shell_command", {"command": WRITE, "description": "Write hello.txt"}),
+        Say("Done."),
+    ],
+    "opencode": [Call("bash", {"command": WRITE, "description": "Write hello.txt"}), Say("Done.")],
+    "openhands": [
+        Call("terminal", {"command": WRITE, "security_risk": "LOW", "summary": "write"}),
+        Call("finish", {"message": "Done.", "summary": "done"}),
+    ],
+}
+
+
+def agent_script(steps: list[Call | Say]) -> Callable[[dict[str, Any]], Reply]:
+    """Step k once the conversation holds k tool results; side calls (no tools) get a title."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        if not body.get("tools"):
+            return Reply(text="Hello file")
+        done = sum(1 for m in body["messages"] if m.get("role") == "tool")
+        step = steps[min(done, len(steps) - 1)]
+        if isinstance(step, Say):
+            return Reply(text=step.text)
+        return Reply(
+            text="", tool_calls=[{"name": step.name, "arguments": json.dumps(step.arguments)}]
+        )
+
+    return script
+
+
+@pytest.mark.parametrize("name", list(EPISODES))
+async def test_real_harness_rollout_in_bwrap(name: str, store: Store, tmp_path: Path) -> None:
+    harness = adapter(name)
+    try:
+        installed = installation(harness)
+    except NotInstalled:
+        pytest.skip(f"{name} is not installed: run `rolltap harness install {name}`")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed: run .ci/setup-bwrap")
+    hello = next(t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file")
+
+    fake = FakeVLLM(script=agent_script(EPISODES[name]))
+    async with fake_engine(fake) as engine, provider_of("bwrap", tmp_path / "boxes") as provider:
+        result = await run_batch(
+            [hello],
+            harness=harness,
+            installed=installed,
+            sandbox=provider,
+            backends=[engine.url],
+            model="fake-model",
+            store=store,
+            timeout=240,
+            logs_root=tmp_path / "logs",
+        )
+
+    (r,) = result.results
+    assert (r.status, r.reward) == (RolloutStatus.SUCCEEDED, 1.0), (r.error, r.logs_dir)
+    calls = await store.calls(r.rollout_id)
+    assert calls, "the harness never reached the proxy"
+    assert all(c.capture is Capture.TOKENS for c in calls)
+    assert any(c.finish_reason == "tool_calls" for c in calls)
+    # The harness's own log landed with the rollout.
+    assert any((r.logs_dir / "agent").rglob("*")) or (r.logs_dir / "harness-stdout.txt").exists()

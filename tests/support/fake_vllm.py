@@ -2,10 +2,13 @@
 
 Token ids are bytes of the text shifted by 3 (0 = BOS, 1 = <|im_start|>, 2 = <|im_end|>), under a
 ChatML-like template, so prompts of a growing conversation extend each other exactly as a real
-engine's do. Logprobs are a fixed function of the token id. What it answers is decided by a
-`script` (request body -> Reply). Faults are injected per request with the `x-fake-fault` header
-or per reply: refuse (close before answering), status:<code>, die_after:<k> (stream k chunks and
-drop the connection), hang, no_ids (behave like a plain OpenAI server).
+engine's do. Streams carry one token per chunk, with the deltas a vLLM parser would emit for it:
+reasoning and content as their characters complete, a tool call as a head fragment (id, name) then
+its arguments a character at a time. `/tokenize` renders messages and tools the same way.
+Logprobs are a fixed function of the token id. What it answers is decided by a `script` (request
+body -> Reply). Faults are injected per request with the `x-fake-fault` header or per reply:
+refuse (close before answering), status:<code>, die_after:<k> (stream k chunks and drop the
+connection), hang, no_ids (behave like a plain OpenAI server).
 
 Run standalone for benchmarks: `python -m tests.support.fake_vllm --port 8300 [--token-delay-ms 2]`.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import functools
 import itertools
 import time
@@ -92,6 +96,10 @@ class FakeVLLM:
     requests: list[tuple[str, CIMultiDict[str], dict[str, Any]]] = field(default_factory=list)
     weight_version: str | None = None
     served: int = 0
+    sglang: bool = False
+    """Answer in SGLang 0.5's shapes instead: per-choice prompt_token_ids/response_token_ids/
+    meta_info when not streaming (400 if asked while streaming), a final sglext chunk with
+    input_ids/output_ids when streaming, reasoning as reasoning_content."""
     disconnects: int = 0
     """Streams cut short because the client (the proxy) closed the connection."""
     record_requests: bool = True
@@ -99,6 +107,7 @@ class FakeVLLM:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024**2)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         return app
@@ -110,6 +119,13 @@ class FakeVLLM:
         return web.json_response(
             {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm"}]}
         )
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        if self.record_requests:
+            self.requests.append((request.path, CIMultiDict(request.headers), body))
+        ids = render(body["messages"], body.get("tools"))
+        return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -137,10 +153,20 @@ class FakeVLLM:
         if fault == "hang":
             await asyncio.sleep(3600)
         with_ids = body.get("return_token_ids") is True and fault != "no_ids"
+        if self.sglang:
+            if body.get("stream") and (
+                body.get("return_token_ids") or body.get("return_meta_info")
+            ):
+                return web.json_response(
+                    {"object": "error", "message": "return_token_ids is not supported with stream",
+                     "type": "BadRequestError", "code": 400},
+                    status=400,
+                )  # fmt: skip
+            with_ids = False
         n = int(body.get("n") or 1)
         prompt = render(body["messages"], body.get("tools"))
-        choices = [self._choice(reply, i, body) for i in range(n)]
         request_id = request.headers.get("X-Request-Id") or f"{self.served}"
+        choices = [self._choice(reply, i, body, request_id) for i in range(n)]
         header = {"id": f"chatcmpl-{request_id}", "created": int(time.time()), "model": MODEL}
         if body.get("stream"):
             try:
@@ -160,6 +186,10 @@ class FakeVLLM:
             entry["stop_reason"] = None
             if with_ids:
                 entry["token_ids"] = c["ids"]
+            if self.sglang and body.get("return_token_ids"):
+                entry["prompt_token_ids"] = prompt
+                entry["response_token_ids"] = c["ids"]
+                entry["meta_info"] = {"weight_version": self.weight_version or "default"}
             out_choices.append(entry)
         completion = sum(len(c["ids"]) for c in choices)
         payload: dict[str, Any] = {
@@ -177,7 +207,9 @@ class FakeVLLM:
         await asyncio.sleep(reply.token_delay * completion or self.token_delay * completion)
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
-    def _choice(self, reply: Reply, index: int, body: dict[str, Any]) -> dict[str, Any]:
+    def _choice(
+        self, reply: Reply, index: int, body: dict[str, Any], request_id: str
+    ) -> dict[str, Any]:
         text = reply.text if index == 0 else f"{reply.text} #{index}"
         message: dict[str, Any] = {"role": "assistant", "content": text}
         raw = text
@@ -197,7 +229,7 @@ class FakeVLLM:
                 )
                 calls.append(
                     {
-                        "id": f"call_{index}_{k}",
+                        "id": f"call_{request_id}_{index}_{k}",
                         "type": "function",
                         "function": {"name": tc["name"], "arguments": tc["arguments"]},
                     }
@@ -283,12 +315,6 @@ class FakeVLLM:
             final: dict[str, Any] = {"index": i, "delta": {}, "logprobs": None}
             final["finish_reason"] = c["finish_reason"]
             final["stop_reason"] = None
-            if c["message"].get("tool_calls"):
-                final["delta"] = {
-                    "tool_calls": [
-                        {"index": k, **tc} for k, tc in enumerate(c["message"]["tool_calls"])
-                    ]
-                }
             if with_ids:
                 final["token_ids"] = []
             await send({**chunk_base, "choices": [final]})
@@ -305,35 +331,71 @@ class FakeVLLM:
                     },
                 }
             )
+        if self.sglang and body.get("return_output_ids_in_sglext"):
+            sglext = {"input_ids": prompt, "output_ids": [c["ids"] for c in choices]}
+            await send({**chunk_base, "choices": [], "sglext": sglext})
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
     @staticmethod
     def _token_deltas(choice: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-        """Each sampled token with the text delta a streaming parser would emit for it."""
+        """Each sampled token with the delta a streaming parser would emit for it."""
         message = choice["message"]
-        visible = message.get("content") or ""
-        deltas = []
-        shown = 0
-        for token_id in choice["ids"]:
-            piece = decode([token_id])
-            if not message.get("tool_calls") and message.get("reasoning") is None:
-                text = visible[shown : shown + len(piece)]
-                shown += len(text)
-                deltas.append((token_id, {"content": text} if text else {}))
-            else:
-                # Parsers hold markup back; the chunk is still sent with its id (vLLM §1.3).
-                deltas.append((token_id, {}))
-        if (message.get("reasoning") is not None or message.get("tool_calls")) and deltas:
-            last_id, _ = deltas[-1]
-            delta: dict[str, Any] = {}
-            if message.get("reasoning") is not None:
-                delta["reasoning"] = message["reasoning"]
-            if message.get("content"):
-                delta["content"] = message["content"]
-            deltas[-1] = (last_id, delta)
+        deltas: list[tuple[int, dict[str, Any]]] = []
+        for kind, text, extra in _segments(message):
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            arguments = list(extra.get("arguments", ""))
+            for position, token_id in enumerate(encode(text)):
+                if kind in ("reasoning", "content"):
+                    piece = decoder.decode(bytes([token_id - OFFSET]))
+                    deltas.append((token_id, {kind: piece} if piece else {}))
+                elif kind == "tool" and position == 0:
+                    head = {**extra["head"], "function": {**extra["head"]["function"]}}
+                    head["function"]["arguments"] = ""
+                    deltas.append((token_id, {"tool_calls": [head]}))
+                elif kind == "tool" and arguments:
+                    fragment = {"index": extra["head"]["index"], "function": {}}
+                    fragment["function"]["arguments"] = arguments.pop(0)
+                    deltas.append((token_id, {"tool_calls": [fragment]}))
+                else:
+                    # Markup the parser holds back; the chunk is still sent with its id (§1.3).
+                    deltas.append((token_id, {}))
+            if arguments:
+                raise AssertionError("fake engine: tool arguments longer than their markup")
+        ids = [token_id for token_id, _ in deltas]
+        if ids != choice["ids"][: len(ids)]:
+            raise AssertionError("fake engine: deltas out of step with the sampled ids")
+        # The end-of-turn token (or nothing, when cut by max_tokens).
+        deltas += [(token_id, {}) for token_id in choice["ids"][len(ids) :]]
         return deltas
+
+
+def _segments(message: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """The raw output split by what a parser makes of each part: (kind, text, extra)."""
+    if message.get("reasoning") is None and not message.get("tool_calls"):
+        return [("content", message.get("content") or "", {})]
+    segments: list[tuple[str, str, dict[str, Any]]] = []
+    if message.get("reasoning") is not None:
+        segments += [
+            ("markup", "<think>", {}),
+            ("reasoning", message["reasoning"], {}),
+            ("markup", "</think>", {}),
+        ]
+    segments.append(("content", message.get("content") or "", {}))
+    for k, tc in enumerate(message.get("tool_calls") or ()):
+        function = tc["function"]
+        markup = (
+            "<tool_call>"
+            + orjson.dumps(
+                {"name": function["name"], "arguments": orjson.loads(function["arguments"])}
+            ).decode()
+            + "</tool_call>"
+        )
+        segments.append(
+            ("tool", markup, {"head": {"index": k, **tc}, "arguments": function["arguments"]})
+        )
+    return segments
 
 
 def main() -> None:

@@ -5,6 +5,11 @@ requests up to a token budget (long prompts in chunks, so running streams keep g
 adding each finished prefill as n rows of the batch cache, and (3) runs one batched forward over
 every running row and samples each row's next token with its own parameters and RNG. Tokens are
 handed to each request's sink as soon as they are sampled, so every stream of a batch streams.
+
+With prefix caching on, a prefill starts after the longest prefix of its prompt that the prefix
+cache holds (copied in, never recomputed); every finished prefill adds its prompt, and every row
+that leaves the batch (finished or cancelled) adds the ids whose keys/values it computed: the
+prompt and every sampled token but the last, which was never fed back.
 """
 
 from __future__ import annotations
@@ -15,56 +20,20 @@ import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 from transformers.cache_utils import Cache
 
 from rolltap.engine.detok import TextStream
-from rolltap.engine.kvcache import BatchCache, join, keep, new_cache
+from rolltap.engine.generation import Failure, GenerationRequest, Sink, TokenEvent
+from rolltap.engine.kvcache import BatchCache, columns, join, keep, new_cache
 from rolltap.engine.model import LoadedModel
-from rolltap.engine.params import LogprobsMode, SamplingParams
+from rolltap.engine.params import LogprobsMode
+from rolltap.engine.prefixcache import PrefixCache
 from rolltap.engine.sampling import RowSampler, Sample
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    prompt_ids: list[int]
-    max_tokens: int
-    params: SamplingParams = field(default_factory=SamplingParams)
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    stop_token_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One sampled token of choice `index`, with the text it released and maybe the finish."""
-
-    index: int
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
-    text: str
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The engine could not finish the request (a forward pass failed, or shutdown)."""
-
-    message: str
-
-
-Event = TokenEvent | Failure
-Sink = Callable[[Event], None]
 
 
 @dataclass(frozen=True)
@@ -76,6 +45,9 @@ class BatcherConfig:
     threads: int | None = None
     """torch intra-op threads; None: one per usable core but one, which is left to the event
     loop (on a 2-core box a second OpenMP thread mostly waits on a descheduled sibling)."""
+    prefix_cache_tokens: int = 32768
+    """Most tokens the prefix cache holds (0: prefix caching off). SmolLM2-135M in float32 takes
+    30 layers x 2 (K, V) x 3 kv heads x 64 dims x 4 bytes = 46,080 bytes a token: 1.5 GB."""
 
 
 @dataclass
@@ -93,6 +65,16 @@ class BatcherStats:
     """How many decode steps ran with each number of rows."""
     running: int = 0
     waiting: int = 0
+    prefix_cache_lookups: int = 0
+    """Prefills that looked for their prompt in the prefix cache."""
+    prefix_cache_hits: int = 0
+    """Lookups that found at least one token."""
+    prefix_cache_hit_tokens: int = 0
+    """Prompt tokens copied from the prefix cache instead of computed (`prompt_tokens` counts the
+    computed ones)."""
+    prefix_cache_tokens: int = 0
+    """Tokens the prefix cache holds now."""
+    prefix_cache_evicted_tokens: int = 0
 
 
 @dataclass
@@ -114,9 +96,13 @@ class _Row:
     sink: Sink
     sampler: RowSampler
     text: TextStream
-    generated: int = 0
-    last: int = 0
+    sampled: list[int] = field(default_factory=list)
     finished: bool = False
+
+    @property
+    def computed_ids(self) -> list[int]:
+        """The ids whose keys/values the row's cache holds: the last sample was never fed."""
+        return self.request.prompt_ids + self.sampled[:-1]
 
 
 @dataclass
@@ -156,10 +142,22 @@ class Batcher:
             getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         )
         self._vocab = int(lm.model.get_output_embeddings().weight.shape[0])
+        capacity = config.prefix_cache_tokens
+        self._prefix = PrefixCache(capacity) if capacity > 0 else None
 
     @property
     def max_batch(self) -> int:
         return self._config.max_batch
+
+    @property
+    def prefix_cache_capacity(self) -> int:
+        """Most tokens the prefix cache holds; 0 when prefix caching is off."""
+        return self._prefix.capacity if self._prefix else 0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        size = torch.empty(0, dtype=self._lm.model.dtype).element_size()
+        return self._layers * 2 * self._kv_heads * self._head_dim * size
 
     def start(self) -> None:
         self._thread.start()
@@ -187,6 +185,9 @@ class Batcher:
         # Read without the lock: the scheduler replaces these containers, never leaves them torn.
         snapshot.running = len(self._rows)
         snapshot.waiting = len(self._waiting)
+        if self._prefix is not None:
+            snapshot.prefix_cache_tokens = self._prefix.tokens
+            snapshot.prefix_cache_evicted_tokens = self._prefix.evicted_tokens
         return snapshot
 
     # -- scheduler thread ------------------------------------------------------------------
@@ -228,6 +229,10 @@ class Batcher:
         if state is None:
             return
         self._count(requests_cancelled=1)
+        for pending in self._waiting:
+            if pending.ticket == ticket and pending.cache is not None:
+                prompt = pending.request.prompt_ids[: pending.offset]
+                self._remember(prompt, pending.cache, 0, 0, pending.request.cache_salt)
         self._waiting = deque(p for p in self._waiting if p.ticket != ticket)
         for row in self._rows:
             if row.ticket == ticket:
@@ -248,8 +253,7 @@ class Batcher:
     def _prefill_chunk(self, pending: _Pending, budget: int) -> int:
         prompt = pending.request.prompt_ids
         if pending.cache is None:
-            shape = (1, self._kv_heads, len(prompt) + 1, self._head_dim)
-            pending.cache = new_cache(self._layers, shape, self._lm.model.dtype, self._lm.device)
+            self._open_prefill(pending)
         chunk = prompt[pending.offset : pending.offset + budget]
         device = self._lm.device
         positions = torch.arange(pending.offset, pending.offset + len(chunk), device=device)
@@ -265,9 +269,38 @@ class Batcher:
         self._count(prompt_tokens=len(chunk))
         return len(chunk)
 
+    def _open_prefill(self, pending: _Pending) -> None:
+        """Give the request its one-row cache, holding whatever prefix the prefix cache has."""
+        request = pending.request
+        prompt = request.prompt_ids
+        segments: list[torch.Tensor] = []
+        if self._prefix is not None:
+            # The last prompt token is always computed: its logits give the first sample.
+            hit = self._prefix.lookup(prompt, len(prompt) - 1, request.cache_salt)
+            segments, pending.offset = hit.segments, hit.length
+            self._count(
+                prefix_cache_lookups=1,
+                prefix_cache_hits=int(hit.length > 0),
+                prefix_cache_hit_tokens=hit.length,
+            )
+        shape = (1, self._kv_heads, len(prompt) + 1, self._head_dim)
+        dtype, device = self._lm.model.dtype, self._lm.device
+        pending.cache = new_cache(self._layers, shape, dtype, device, segments)
+
+    def _remember(
+        self, ids: list[int], cache: Cache, row: int, first: int, salt: str | None
+    ) -> None:
+        """Offer ids whose keys/values sit in `cache` row `row` from column `first` on."""
+        if self._prefix is not None:
+            self._prefix.insert(
+                ids, lambda start, end: columns(cache, row, first + start, first + end), salt
+            )
+
     def _start_rows(self, pending: _Pending) -> None:
         request = pending.request
         assert pending.logits is not None
+        assert pending.cache is not None
+        self._remember(request.prompt_ids, pending.cache, 0, 0, request.cache_salt)
         seed = request.params.seed
         started: list[_Row] = []
         for index in range(request.n):
@@ -295,13 +328,12 @@ class Batcher:
             if not row.finished:
                 started.append(row)
         if started:
-            assert pending.cache is not None
             self._batch = join(self._batch, pending.cache, len(started))
             self._rows.extend(started)
 
     def _decode(self) -> None:
         assert self._batch is not None
-        tokens = torch.tensor([row.last for row in self._rows], device=self._lm.device)
+        tokens = torch.tensor([row.sampled[-1] for row in self._rows], device=self._lm.device)
         out = self._lm.model(**self._batch.step_inputs(tokens))
         logits = out.logits[:, -1].float()
         for i, row in enumerate(self._rows):
@@ -319,8 +351,7 @@ class Batcher:
         """Record a sampled token on its row, decide whether the row is done, emit the event."""
         request = row.request
         token = sample.token_id
-        row.generated += 1
-        row.last = token
+        row.sampled.append(token)
         text = row.text.push(token)
         finish: str | None = None
         stop_reason: int | str | None = None
@@ -331,8 +362,8 @@ class Batcher:
         elif row.text.stopped is not None:
             finish, stop_reason = "stop", row.text.stopped
         elif (
-            row.generated >= request.max_tokens
-            or len(request.prompt_ids) + row.generated >= self._lm.max_model_len
+            len(row.sampled) >= request.max_tokens
+            or len(request.prompt_ids) + len(row.sampled) >= self._lm.max_model_len
         ):
             finish = "length"
         if finish is not None:
@@ -358,6 +389,14 @@ class Batcher:
         kept = [i for i, row in enumerate(self._rows) if not row.finished]
         if len(kept) == len(self._rows):
             return
+        if self._prefix is not None and self._batch is not None:
+            for i, row in enumerate(self._rows):
+                if row.finished:
+                    ids = row.computed_ids
+                    first = self._batch.first_column(i)
+                    # By construction; a mismatch would poison the cache, so fail loudly.
+                    assert self._batch.columns - first == len(ids)
+                    self._remember(ids, self._batch.cache, i, first, row.request.cache_salt)
         self._rows = [self._rows[i] for i in kept]
         self._batch = keep(self._batch, kept) if self._batch is not None else None
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolltap.engine.batcher import TokenEvent
+from rolltap.engine.generation import TokenEvent
 from rolltap.engine.reasoning import ReasoningStream
 from rolltap.engine.tools import ToolCall, ToolCallStream
 

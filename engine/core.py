@@ -5,18 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from rolltap.engine.batcher import Batcher, Event, Failure, GenerationRequest, TokenEvent
+from rolltap.engine.batcher import Batcher
 from rolltap.engine.chat import ChatRenderer
 from rolltap.engine.errors import BadRequest, EngineError
+from rolltap.engine.generation import Event, Failure, GenerationRequest, TokenEvent
 from rolltap.engine.model import LoadedModel
 
 
 class GenerationFailed(EngineError):
     """The batcher gave up on a request (a forward pass failed, or it shut down)."""
+
+
+@dataclass(frozen=True)
+class OutputLimits:
+    """Server settings bounding how many tokens a request generates; None is vLLM's behaviour."""
+
+    default_max_tokens: int | None = None
+    """For a request that sets no max_tokens; None: whatever the context leaves."""
+    max_tokens_cap: int | None = None
+    """A request asking for more gets at most this many (and finish_reason "length")."""
 
 
 @dataclass
@@ -25,6 +36,7 @@ class Engine:
     batcher: Batcher
     renderer: ChatRenderer
     reasoning_parser: bool
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
     def __post_init__(self) -> None:
         tokenizer = self.lm.tokenizer
@@ -50,21 +62,33 @@ class Engine:
             raise BadRequest(f"token id {bad[0]} is out of vocabulary (size {vocab})", param)
 
     def max_tokens(self, prompt_len: int, asked: int | None) -> int:
-        """vLLM's rule: the prompt must leave room, and max_tokens defaults to what is left."""
+        """vLLM's rule: the prompt must leave room, and max_tokens defaults to what is left.
+
+        The server's limits come first: a request without max_tokens gets the default, and one
+        asking for more than the cap is clamped to the cap and to what the context leaves (it
+        asked for more than either, so it ends with "length" rather than an error).
+        """
         limit = self.lm.max_model_len
         if prompt_len >= limit:
             raise BadRequest(
                 f"This model's maximum context length is {limit} tokens. However, your request "
                 f"has {prompt_len} input tokens. Please reduce the length of the input messages."
             )
-        if asked is not None and prompt_len + asked > limit:
+        room = limit - prompt_len
+        cap = self.limits.max_tokens_cap
+        if asked is None:
+            asked = self.limits.default_max_tokens or room
+            return min(asked, room, cap or room)
+        if cap is not None and asked > cap:
+            return min(cap, room)
+        if prompt_len + asked > limit:
             raise BadRequest(
                 f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's "
                 f"maximum context length is {limit} tokens and your request has {prompt_len} "
                 f"input tokens ({asked} > {limit} - {prompt_len}).",
                 "max_tokens",
             )
-        return asked if asked is not None else limit - prompt_len
+        return asked
 
     async def generate(
         self, requests: list[GenerationRequest]

@@ -9,6 +9,7 @@ per join or leave instead of per token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +77,36 @@ class SlabLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 
 
 def new_cache(
-    num_layers: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device
+    num_layers: int,
+    shape: tuple[int, int, int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    prefix: Sequence[torch.Tensor] = (),
 ) -> Cache:
-    """An empty cache for a forward pass; shape is (batch, kv heads, capacity, head dim)."""
-    return _cache([SlabLayer.empty(shape, dtype, device) for _ in range(num_layers)])
+    """A cache for a forward pass; shape is (batch, kv heads, capacity, head dim).
+
+    `prefix`: keys and values (layers, 2, heads, n, dim) of the first positions, in order (a
+    prefix-cache hit), copied into every batch row.
+    """
+    layers = [SlabLayer.empty(shape, dtype, device) for _ in range(num_layers)]
+    start = 0
+    for segment in prefix:
+        end = start + segment.shape[3]
+        for layer, kv in zip(layers, segment, strict=True):
+            layer._k[:, :, start:end] = kv[0]
+            layer._v[:, :, start:end] = kv[1]
+        start = end
+    for layer in layers:
+        layer.length = start
+        layer._publish()
+    return _cache(layers)
+
+
+def columns(cache: Cache, row: int, start: int, end: int) -> torch.Tensor:
+    """A copy of one row's keys and values in columns [start, end): (layers, 2, heads, n, dim)."""
+    return torch.stack(
+        [torch.stack((s._k[row, :, start:end], s._v[row, :, start:end])) for s in slabs(cache)]
+    )
 
 
 def _cache(layers: list[SlabLayer]) -> Cache:
@@ -110,6 +137,10 @@ class BatchCache:
     @property
     def columns(self) -> int:
         return int(self.mask.shape[1])
+
+    def first_column(self, row: int) -> int:
+        """The column of the row's first real token (rows end together, padding is on the left)."""
+        return self.columns - int(self.mask[row].sum())
 
     def step_inputs(self, tokens: torch.Tensor) -> dict[str, object]:
         """Model kwargs for one decode step feeding `tokens` (rows,) at each row's next position."""

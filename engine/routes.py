@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolltap.engine.batcher import GenerationRequest, TokenEvent
 from rolltap.engine.choices import ChatChoice, ChoiceOutput
 from rolltap.engine.core import Engine, GenerationFailed
 from rolltap.engine.endpoint import check_model, json_response, read_json, ready_engine, request_id
 from rolltap.engine.errors import BadRequest
+from rolltap.engine.generation import GenerationRequest, TokenEvent
 from rolltap.engine.protocol import ChatRequest, Generation, parse_chat, parse_completion
 from rolltap.engine.reasoning import ReasoningStream, prompt_opens_reasoning
 from rolltap.engine.tools import ToolCallStream
@@ -33,6 +33,7 @@ def _generation_request(engine: Engine, g: Generation, prompt_ids: list[int]) ->
         ignore_eos=g.ignore_eos,
         include_stop_str_in_output=g.include_stop_str_in_output,
         skip_special_tokens=g.skip_special_tokens,
+        cache_salt=g.cache_salt,
     )
 
 

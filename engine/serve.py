@@ -24,7 +24,7 @@ from rolltap.engine.params import LogprobsMode
 
 if TYPE_CHECKING:
     from rolltap.engine.batcher import Batcher
-    from rolltap.engine.core import Engine
+    from rolltap.engine.core import Engine, OutputLimits
     from rolltap.engine.model import LoadedModel
 
 log = logging.getLogger("rolltap.engine")
@@ -46,6 +46,12 @@ class ServeConfig:
     max_batch: int = 16
     max_model_len: int | None = None
     threads: int | None = None
+    prefix_cache_tokens: int = 32768
+    """Most tokens the prefix cache holds; 0 turns prefix caching off."""
+    default_max_tokens: int | None = None
+    """max_tokens for requests that set none; None: what the context leaves (vLLM)."""
+    max_tokens_cap: int | None = None
+    """Requests asking for more generate at most this many; None: no cap (vLLM)."""
     max_body: int = 64 * 1024 * 1024
     """Largest request body in bytes; larger ones get 413."""
     gguf_cache: bool = True
@@ -105,25 +111,49 @@ async def _serve(config: ServeConfig) -> None:
 def _build_engine(config: ServeConfig, source: ModelSource, template: str | None) -> Engine:
     from rolltap.engine.batcher import Batcher, BatcherConfig
     from rolltap.engine.chat import ChatRenderer
-    from rolltap.engine.core import Engine
+    from rolltap.engine.core import Engine, OutputLimits
     from rolltap.engine.model import load_model
 
     started = time.monotonic()
     lm = load_model(source, config.device, config.dtype, config.max_model_len, config.gguf_cache)
-    batcher = Batcher(
-        lm, config.logprobs_mode, BatcherConfig(max_batch=config.max_batch, threads=config.threads)
+    batcher_config = BatcherConfig(
+        max_batch=config.max_batch,
+        threads=config.threads,
+        prefix_cache_tokens=config.prefix_cache_tokens,
     )
+    batcher = Batcher(lm, config.logprobs_mode, batcher_config)
     batcher.start()
     _warm_up(lm, batcher)
     log.info("model loaded and warmed up in %.1fs", time.monotonic() - started)
+    limits = OutputLimits(config.default_max_tokens, config.max_tokens_cap)
+    _log_settings(lm, batcher, limits)
     return Engine(
-        lm, batcher, ChatRenderer(lm.tokenizer, template), config.reasoning_parser == "think"
+        lm,
+        batcher,
+        ChatRenderer(lm.tokenizer, template),
+        config.reasoning_parser == "think",
+        limits,
+    )
+
+
+def _log_settings(lm: LoadedModel, batcher: Batcher, limits: OutputLimits) -> None:
+    log.info("max model len %d (trained: %d)", lm.max_model_len, lm.trained_len)
+    capacity = batcher.prefix_cache_capacity
+    if capacity:
+        gib = capacity * batcher.kv_bytes_per_token / 2**30
+        log.info("prefix caching on: up to %d tokens (%.2f GiB of keys/values)", capacity, gib)
+    else:
+        log.info("prefix caching off")
+    log.info(
+        "max_tokens: default %s, cap %s",
+        limits.default_max_tokens or "what the context leaves",
+        limits.max_tokens_cap or "none",
     )
 
 
 def _warm_up(lm: LoadedModel, batcher: Batcher) -> None:
     """Two rows through prefill, join, decode and leave, so no client pays for first use."""
-    from rolltap.engine.batcher import Event, Failure, GenerationRequest
+    from rolltap.engine.generation import Event, Failure, GenerationRequest
     from rolltap.engine.params import SamplingParams
 
     done = threading.Event()

@@ -91,7 +91,15 @@ async def stats(request: web.Request) -> web.Response:
     engine = ready_engine(request)
     body = asdict(engine.batcher.stats())
     body["decode_steps_by_batch"] = {str(k): v for k, v in body["decode_steps_by_batch"].items()}
-    return json_response({"model": engine.name, **body})
+    settings = {
+        "max_model_len": engine.lm.max_model_len,
+        "trained_max_model_len": engine.lm.trained_len,
+        "prefix_caching": engine.batcher.prefix_cache_capacity > 0,
+        "prefix_cache_capacity_tokens": engine.batcher.prefix_cache_capacity,
+        "default_max_tokens": engine.limits.default_max_tokens,
+        "max_tokens_cap": engine.limits.max_tokens_cap,
+    }
+    return json_response({"model": engine.name, "settings": settings, **body})
 
 
 async def tokenize(request: web.Request) -> web.Response:

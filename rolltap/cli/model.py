@@ -44,7 +44,40 @@ def model() -> None:
     show_default=True,
 )
 @click.option("--max-batch", default=16, show_default=True, help="Most sequences decoded at once.")
-@click.option("--max-model-len", type=int, default=None, help="Context length (default: model's).")
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Context length (default: the model's). Above the model's trained length it runs, "
+    "with a startup warning: positions never trained on degrade the output.",
+)
+@click.option(
+    "--prefix-caching/--no-prefix-caching",
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    default=True,
+    show_default=True,
+    help="Reuse the keys/values of earlier sequences for the prompt prefix they share.",
+)
+@click.option(
+    "--prefix-cache-tokens",
+    type=click.IntRange(min=1),
+    default=32768,
+    show_default=True,
+    help="Most tokens the prefix cache holds (SmolLM2-135M, float32: 45 KiB a token, 1.5 GB).",
+)
+@click.option(
+    "--default-max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="max_tokens for requests that set none (default: what the context leaves, as vLLM).",
+)
+@click.option(
+    "--max-tokens-cap",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests asking for more generate at most this many, ending with finish_reason "
+    "length (default: no cap).",
+)
 @click.option(
     "--threads", type=int, default=None, help="torch threads (default: usable cores minus one)."
 )
@@ -70,6 +103,10 @@ def serve(
     logprobs_mode: str,
     max_batch: int,
     max_model_len: int | None,
+    prefix_caching: bool,
+    prefix_cache_tokens: int,
+    default_max_tokens: int | None,
+    max_tokens_cap: int | None,
     threads: int | None,
     max_body_mb: float,
     gguf_cache: bool,
@@ -93,6 +130,9 @@ def serve(
         logprobs_mode=LogprobsMode(logprobs_mode),
         max_batch=max_batch,
         max_model_len=max_model_len,
+        prefix_cache_tokens=prefix_cache_tokens if prefix_caching else 0,
+        default_max_tokens=default_max_tokens,
+        max_tokens_cap=max_tokens_cap,
         threads=threads,
         max_body=int(max_body_mb * 1024 * 1024),
         gguf_cache=gguf_cache,

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from rolltap.engine.launch import EngineProcess
-from tests.support.engine import get_json, post_json
+from tests.support.engine import engine_stats, post_json, wait_until_idle
 
 pytestmark = pytest.mark.model
 
@@ -24,12 +24,6 @@ QUESTIONS = [
     "Count to ten.",
     "Who wrote Hamlet?",
 ]
-
-
-async def stats(engine: EngineProcess) -> dict[str, Any]:
-    status, body = await get_json(engine.url, "/stats")
-    assert status == 200
-    return body  # type: ignore[no-any-return]
 
 
 async def stream_chat(
@@ -68,13 +62,13 @@ async def stream_chat(
 async def test_eight_streams_are_decoded_together_and_stream_as_they_go(
     smollm_engine: EngineProcess,
 ) -> None:
-    before = await stats(smollm_engine)
+    before = await engine_stats(smollm_engine.url)
     log: list[tuple[str, int]] = []
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
             *(stream_chat(session, smollm_engine, i, log) for i in range(8))
         )
-    after = await stats(smollm_engine)
+    after = await engine_stats(smollm_engine.url)
     assert [len(ids) for ids in results] == [24] * 8
     by_batch_before = before["decode_steps_by_batch"]
     by_batch_after = after["decode_steps_by_batch"]
@@ -115,17 +109,8 @@ async def test_batched_rows_match_their_single_runs(smollm_engine: EngineProcess
         assert top[0]["logprob"] - top[1]["logprob"] < 1e-3
 
 
-async def wait_until_idle(engine: EngineProcess) -> dict[str, Any]:
-    for _ in range(600):
-        current = await stats(engine)
-        if current["running"] == 0 and current["waiting"] == 0:
-            return current
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the engine is still busy: {current}")
-
-
 async def test_a_disconnected_stream_is_cancelled(smollm_engine: EngineProcess) -> None:
-    before = await stats(smollm_engine)
+    before = await engine_stats(smollm_engine.url)
     body = {
         "model": smollm_engine.model,
         "messages": [{"role": "user", "content": "Tell me a long story."}],
@@ -142,7 +127,7 @@ async def test_a_disconnected_stream_is_cancelled(smollm_engine: EngineProcess) 
             frames += line.startswith(b"data: ")
             if frames == 3:
                 break
-    after = await wait_until_idle(smollm_engine)
+    after = await wait_until_idle(smollm_engine.url)
     assert after["requests_cancelled"] == before["requests_cancelled"] + 1
     assert after["generated_tokens"] - before["generated_tokens"] < 4000
 
@@ -150,7 +135,7 @@ async def test_a_disconnected_stream_is_cancelled(smollm_engine: EngineProcess) 
 async def test_a_client_that_gives_up_on_a_plain_request_cancels_it(
     smollm_engine: EngineProcess,
 ) -> None:
-    before = await stats(smollm_engine)
+    before = await engine_stats(smollm_engine.url)
     body = {
         "model": smollm_engine.model,
         "messages": [{"role": "user", "content": "Tell me a long story."}],
@@ -162,5 +147,5 @@ async def test_a_client_that_gives_up_on_a_plain_request_cancels_it(
         with pytest.raises(TimeoutError):
             async with session.post(smollm_engine.url + "/v1/chat/completions", json=body):
                 pass
-    after = await wait_until_idle(smollm_engine)
+    after = await wait_until_idle(smollm_engine.url)
     assert after["requests_cancelled"] == before["requests_cancelled"] + 1

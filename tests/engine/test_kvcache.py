@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from rolltap.engine.kvcache import BatchCache, join, keep, new_cache
+from rolltap.engine.kvcache import BatchCache, columns, join, keep, new_cache
 
 pytestmark = pytest.mark.model
 
@@ -81,3 +81,32 @@ def test_the_cache_grows_past_its_headroom(reference_model: Any) -> None:
         decode(model, batch, [token])
     last = decode(model, batch, [fed[-1]])
     assert torch.allclose(last[0], alone(model, PROMPTS[2], fed)[-1], atol=1e-4)
+
+
+@torch.inference_mode()
+def test_columns_copied_from_a_batch_row_seed_a_new_prefill(reference_model: Any) -> None:
+    """What prefix caching does: a padded batch row's keys/values start another prompt."""
+    model = reference_model
+    batch = join(join(None, prefill(model, PROMPTS[1]), 1), prefill(model, PROMPTS[0]), 1)
+    for fed in ([40, 28], [41, 29]):  # row 1 (the shorter, left-padded one) is fed 28 then 29
+        decode(model, batch, fed)
+    held = PROMPTS[0] + [28, 29]
+    first = batch.first_column(1)
+    assert batch.columns - first == len(held)
+    kv = columns(batch.cache, 1, first, batch.columns)
+    assert kv.shape == (model.config.num_hidden_layers, 2, 3, len(held), 64)
+
+    prompt = [*held, 30, 31, 32]
+    shape = (1, model.config.num_key_value_heads, len(prompt) + 1, model.config.head_dim)
+    segments = [kv[:, :, :, :3], kv[:, :, :, 3:]]  # a hit spanning two radix-tree nodes
+    layers = model.config.num_hidden_layers
+    cache = new_cache(layers, shape, torch.float32, torch.device("cpu"), segments)
+    assert cache.get_seq_length() == len(held)
+    out = model(
+        input_ids=torch.tensor([prompt[len(held) :]]),
+        position_ids=torch.arange(len(held), len(prompt)).view(1, -1),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    expected = model(input_ids=torch.tensor([prompt])).logits[0, len(held) :].float()
+    assert torch.allclose(out.logits[0].float(), expected, atol=1e-4)

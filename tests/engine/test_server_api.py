@@ -110,6 +110,13 @@ async def test_tokenize_messages_with_tools_renders_them(smollm_engine: EnginePr
             "NotFoundError",
             "model",
         ),
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "cache_salt": ""},
+            400,
+            "BadRequestError",
+            "cache_salt",
+        ),
         ("/v1/completions", {"prompt": [99999999]}, 400, "BadRequestError", "prompt"),
         ("/v1/completions", {"prompt": {"a": 1}}, 400, "BadRequestError", "prompt"),
         ("/v1/completions", {"prompt": "x", "model": "nope"}, 404, "NotFoundError", "model"),

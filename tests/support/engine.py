@@ -7,6 +7,7 @@ tests then take `smollm_engine` and talk HTTP to `smollm_engine.url` (no /v1 suf
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -71,3 +72,19 @@ async def post_sse(url: str, path: str, body: object) -> list[dict[str, Any]]:
                 frames.append(event[len("data: ") :])
     assert frames[-1] == "[DONE]"
     return [json.loads(f) for f in frames[:-1]]
+
+
+async def engine_stats(url: str) -> dict[str, Any]:
+    status, body = await get_json(url, "/stats")
+    assert status == 200
+    return body  # type: ignore[no-any-return]
+
+
+async def wait_until_idle(url: str) -> dict[str, Any]:
+    """Poll /stats until nothing runs or waits (a cancellation has landed); return the stats."""
+    for _ in range(600):
+        current = await engine_stats(url)
+        if current["running"] == 0 and current["waiting"] == 0:
+            return current
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the engine is still busy: {current}")

@@ -33,6 +33,14 @@ from rolltap.store.url import resolve_url
 @click.option("--max-body-mb", default=32, show_default=True, help="Largest request body.")
 @click.option("--model", "engine_model", help="Built-in engine: model dir or GGUF file.")
 @click.option("--device", default="cpu", show_default=True, help="Built-in engine: cpu or cuda.")
+@click.option(
+    "--engine-arg",
+    "engine_args",
+    multiple=True,
+    metavar="ARG",
+    help="Built-in engine: a flag of `rolltap model serve` (repeatable), e.g. "
+    "--engine-arg=--max-tokens-cap=512.",
+)
 @click.option("--weight-version", help="Weight version recorded until /admin/resume sets one.")
 @click.option("-v", "--verbose", is_flag=True)
 def serve(
@@ -46,6 +54,7 @@ def serve(
     max_body_mb: int,
     engine_model: str | None,
     device: str,
+    engine_args: tuple[str, ...],
     weight_version: str | None,
     verbose: bool,
 ) -> None:
@@ -74,17 +83,17 @@ def serve(
         if open_mode:
             click.echo("  --open: unknown keys create rollouts (local experiments only)")
 
-    _run(settings, db_url, ready, _builtin_engine(engine_model, device))
+    _run(settings, db_url, ready, _builtin_engine(engine_model, device, engine_args))
 
 
 def _builtin_engine(
-    model: str | None, device: str
+    model: str | None, device: str, engine_args: tuple[str, ...]
 ) -> Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]:
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         from rolltap.engine.launch import EngineProcess
 
         click.echo("no --backend: starting the built-in engine (loads the model once)...")
-        engine = await EngineProcess.astart(model, device=device)
+        engine = await EngineProcess.astart(model, device=device, extra_args=engine_args)
 
         async def stop() -> None:
             await asyncio.to_thread(engine.stop)

@@ -1,16 +1,22 @@
 """Proxy benchmark: the fake engine directly vs the proxy in front of it, side by side.
 
     python bench/proxy_bench.py [--duration 10] [--concurrency 64] [--streams 1000]
+                                [--dialects chat responses messages]
 
 Starts the fake vLLM engine and `rolltap serve` (capture into a fresh SQLite file) as separate
 processes, then drives both with 2,000-token prompts and 200-token answers from one load
 generator (aiohttp + uvloop):
 
 - latency: a paced engine (1 ms per token non-streaming, so a call takes ~200 ms as real
-  engines do; 5 ms per token streaming, 200 tokens/s per stream) at the given concurrency: p50/p99 of each, the proxy's added latency,
-  and time-to-first-token overhead for streams;
+  engines do; 5 ms per token streaming, 200 tokens/s per stream) at the given concurrency:
+  p50/p99 of each, the proxy's added latency, and time-to-first-token overhead for streams;
 - throughput: an engine that answers at once, so the proxy's own ceiling shows (calls/s);
 - memory: `--streams` concurrent open streams held by a slow engine, the proxy's RSS.
+
+The proxy is measured in each client dialect (`--dialects`, default all three): Chat Completions
+relayed, and the Responses API and Anthropic Messages translated to the engine's chat completions
+and back event by event; the baseline is always the engine's own chat completions under the same
+load, so "added" is what the proxy costs a client of that dialect.
 
 The fake engine tokenizes bytes, so a 2,000-token prompt is 2,000 characters of content.
 """
@@ -97,20 +103,26 @@ class Results:
         return len(self.latencies) / self.elapsed if self.elapsed else 0.0
 
 
-def body(stream: bool, i: int) -> bytes:
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+def body(stream: bool, i: int, dialect: str = "chat") -> bytes:
     content = (f"request {i} " + "lorem ipsum dolor sit amet " * 100)[:PROMPT_TOKENS]
-    return orjson.dumps(
-        {
-            "model": "fake-model",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 512,
-            "stream": stream,
-        }
-    )
+    message = {"role": "user", "content": content}
+    if dialect == "responses":
+        doc = {"model": "fake-model", "input": [message], "max_output_tokens": 512}
+    else:
+        doc = {"model": "fake-model", "messages": [message], "max_tokens": 512}
+    return orjson.dumps({**doc, "stream": stream})
 
 
 async def drive(
-    url: str, stream: bool, concurrency: int, duration: float, warmup: float = 1.0
+    url: str,
+    stream: bool,
+    concurrency: int,
+    duration: float,
+    warmup: float = 1.0,
+    dialect: str = "chat",
 ) -> Results:
     results = Results()
     connector = aiohttp.TCPConnector(limit=0)
@@ -129,7 +141,7 @@ async def drive(
                 try:
                     async with session.post(
                         url,
-                        data=body(stream, counter),
+                        data=body(stream, counter, dialect),
                         headers={"Content-Type": "application/json"},
                     ) as resp:
                         if stream:
@@ -229,6 +241,7 @@ async def main() -> None:
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["latency", "throughput", "memory"]
     )
+    parser.add_argument("--dialects", nargs="*", default=list(PATHS), choices=list(PATHS))
     args = parser.parse_args()
     print(
         f"prompts {PROMPT_TOKENS} tokens, answers {ANSWER_TOKENS} tokens, "
@@ -244,13 +257,15 @@ async def main() -> None:
                     direct = await drive(
                         f"{engine}/v1/chat/completions", stream, args.concurrency, args.duration
                     )
-                    proxied = await drive(
-                        f"{proxy}/r/{key}/v1/chat/completions",
-                        stream,
-                        args.concurrency,
-                        args.duration,
-                    )
-                    report(label, direct, proxied, stream)
+                    for dialect in args.dialects:
+                        proxied = await drive(
+                            f"{proxy}/r/{key}{PATHS[dialect]}",
+                            stream,
+                            args.concurrency,
+                            args.duration,
+                            dialect=dialect,
+                        )
+                        report(f"{label}, {dialect}", direct, proxied, stream)
         if "throughput" not in args.skip:
             print("throughput (engine answers at once):")
             with stack(0.0, tmp) as (engine, proxy, pid):
@@ -259,18 +274,20 @@ async def main() -> None:
                     direct = await drive(
                         f"{engine}/v1/chat/completions", stream, args.concurrency, args.duration
                     )
-                    proxied = await drive(
-                        f"{proxy}/r/{key}/v1/chat/completions",
-                        stream,
-                        args.concurrency,
-                        args.duration,
-                    )
-                    label = "streaming" if stream else "non-streaming"
-                    print(
-                        f"  {label:<14} direct {direct.rate:6.0f} calls/s   proxy with capture "
-                        f"{proxied.rate:6.0f} calls/s  (errors {proxied.errors}, "
-                        f"proxy RSS {rss_mb(pid):.0f} MB)"
-                    )
+                    for dialect in args.dialects:
+                        proxied = await drive(
+                            f"{proxy}/r/{key}{PATHS[dialect]}",
+                            stream,
+                            args.concurrency,
+                            args.duration,
+                            dialect=dialect,
+                        )
+                        label = ("streaming" if stream else "non-streaming") + f", {dialect}"
+                        print(
+                            f"  {label:<25} direct {direct.rate:6.0f} calls/s   proxy with "
+                            f"capture {proxied.rate:6.0f} calls/s  (errors {proxied.errors}, "
+                            f"proxy RSS {rss_mb(pid):.0f} MB)"
+                        )
         if "memory" not in args.skip:
             print(f"memory: {args.streams} concurrent open streams (engine 50 ms/token):")
             with stack(50.0, tmp) as (_, proxy, pid):

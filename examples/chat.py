@@ -45,7 +45,10 @@ def main() -> None:
     for question in questions[: args.turns]:
         messages.append({"role": "user", "content": question})
         reply = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=48, temperature=0  # type: ignore[arg-type]
+            model=model,
+            messages=messages,
+            max_tokens=48,
+            temperature=0,  # type: ignore[arg-type]
         )
         answer = reply.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": answer})

@@ -10,17 +10,22 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from rolltap.proxy import admin
+from rolltap.proxy import admin, messages_render, responses_render
 from rolltap.proxy.backends import BackendPool, parse_backend
 from rolltap.proxy.chat import chat_completions
 from rolltap.proxy.context import CONTEXT, ProxyContext, ProxySettings
 from rolltap.proxy.errors import UpstreamUnavailable
 from rolltap.proxy.gate import Gate
+from rolltap.proxy.handles import Handles
+from rolltap.proxy.messages import count_tokens, hello, messages
 from rolltap.proxy.metrics import Gauge, ProxyMetrics
 from rolltap.proxy.middleware import errors
+from rolltap.proxy.recall import Recall
+from rolltap.proxy.responses import responses
 from rolltap.proxy.rollouts import Rollouts, request_key
 from rolltap.proxy.routing import StickyRouter
-from rolltap.store import Store
+from rolltap.proxy.secret import signing_key
+from rolltap.store import CallDialect, Store
 
 _MODELS_TTL = 10.0
 
@@ -31,6 +36,11 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         url, kind = parse_backend(spec)
         pool.add(url, kind)
     metrics = ProxyMetrics()
+    recorded = {
+        CallDialect.RESPONSES: responses_render.recorded_turn,
+        CallDialect.MESSAGES: messages_render.recorded_turn,
+    }
+    handles = Handles(signing_key(settings.secret, store.db.url))
     ctx = ProxyContext(
         settings=settings,
         store=store,
@@ -39,6 +49,7 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         router=StickyRouter(pool),
         gate=Gate(settings.weight_version),
         metrics=metrics,
+        recall=Recall(handles, store, recorded),
     )
     metrics.gauges.append(
         Gauge(
@@ -67,7 +78,13 @@ def make_app(ctx: ProxyContext, *, for_sandboxes: bool = False) -> web.Applicati
     app[CONTEXT] = ctx
     for prefix in ("/r/{key}/v1", "/v1"):
         app.router.add_post(f"{prefix}/chat/completions", chat_completions)
+        app.router.add_post(f"{prefix}/responses", responses)
+        app.router.add_post(f"{prefix}/messages", messages)
+        app.router.add_post(f"{prefix}/messages/count_tokens", count_tokens)
         app.router.add_get(f"{prefix}/models", models)
+    # Claude Code's base URL has no /v1; it probes HEAD {base}/api/hello at start.
+    for prefix in ("/r/{key}", ""):
+        app.router.add_get(f"{prefix}/api/hello", hello)
     app.router.add_get("/health", health)
     if not for_sandboxes:
         app.router.add_get("/metrics", metrics)

@@ -50,7 +50,10 @@ class EngineCall:
     def __init__(self, ctx: ProxyContext, exchange: Exchange, body: dict[str, Any]) -> None:
         self._ctx = ctx
         self._exchange = exchange
-        self._body = body
+        cap = ctx.settings.max_tokens_cap
+        self._body = body if cap is None else _capped(body, cap, exchange)
+        self.capped = self._body is not body
+        """The proxy's max_tokens_cap, not the client, set this call's generation limit."""
         self._stream = body.get("stream") is True
         self._upstream: Upstream | None = None
         self._splitter = EventSplitter()
@@ -181,3 +184,14 @@ class EngineCall:
     def close(self) -> None:
         """Abort whatever is still open (a client that went away cancels the engine request)."""
         self._finish_upstream(abort=True)
+
+
+def _capped(body: dict[str, Any], cap: int, exchange: Exchange) -> dict[str, Any]:
+    """The request with its generation limit lowered to the proxy's cap, noted on the call."""
+    keys = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
+    asked = [body[k] for k in keys]
+    if keys and all(isinstance(v, int) and v <= cap for v in asked):
+        return body
+    was = f"max_tokens {asked[0]}" if asked else "no max_tokens"
+    exchange.notes.append(f"{was} lowered to {cap} by the proxy's max_tokens_cap")
+    return {**body, **{k: cap for k in keys or ["max_tokens"]}}

@@ -118,7 +118,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     finally:
         call.close()
         ctx.gate.leave()
-        _observe(taken)
+        observe_call(taken)
 
 
 async def _engine_error(taken: Intake, call: EngineCall) -> web.Response:
@@ -126,7 +126,7 @@ async def _engine_error(taken: Intake, call: EngineCall) -> web.Response:
     assert call.error is not None
     exchange = taken.exchange
     exchange.response_body = call.error.body
-    exchange.fail(CallStatus.FAILED, call.error.status, _error_message(call.error.body))
+    exchange.fail(CallStatus.FAILED, call.error.status, error_message(call.error.body))
     await taken.ctx.record(exchange, taken.state)
     taken.ctx.metrics.errors.inc(kind=f"engine_{call.error.status}")
     return web.Response(
@@ -165,7 +165,7 @@ async def _relay_stream(
         async for batch in call.chunks():
             out = []
             for chunk in batch:
-                if _rolltap_only(chunk.doc, client_usage):
+                if rolltap_only(chunk.doc, client_usage):
                     continue
                 assembler.feed(chunk.doc)
                 out.append(frame(strip_chunk(chunk.raw, chunk.doc, extras)))
@@ -184,7 +184,7 @@ async def _relay_stream(
                 "code": 502,
             }
         }
-        await _write_last(response, frame(orjson.dumps(error)))
+        await write_last(response, frame(orjson.dumps(error)))
         return response
     except (ConnectionResetError, asyncio.CancelledError):
         # The client went away: stop the engine and keep what was sampled, marked cancelled.
@@ -197,11 +197,11 @@ async def _relay_stream(
     exchange.http_status = 200
     exchange.finished_at = now()
     await taken.ctx.record(exchange, taken.state)
-    await _write_last(response, b"data: [DONE]\n\n")
+    await write_last(response, b"data: [DONE]\n\n")
     return response
 
 
-def _rolltap_only(doc: dict[str, Any], client_wants_usage: bool) -> bool:
+def rolltap_only(doc: dict[str, Any], client_wants_usage: bool) -> bool:
     """Chunks that exist only because rolltap asked: the usage chunk, SGLang's ids chunk."""
     if doc.get("choices"):
         return False
@@ -210,7 +210,7 @@ def _rolltap_only(doc: dict[str, Any], client_wants_usage: bool) -> bool:
     return "usage" in doc and not client_wants_usage
 
 
-async def _write_last(response: web.StreamResponse, data: bytes) -> None:
+async def write_last(response: web.StreamResponse, data: bytes) -> None:
     try:
         await response.write(data)
         await response.write_eof()
@@ -218,7 +218,7 @@ async def _write_last(response: web.StreamResponse, data: bytes) -> None:
         pass
 
 
-def _error_message(body: bytes) -> str:
+def error_message(body: bytes) -> str:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -229,7 +229,7 @@ def _error_message(body: bytes) -> str:
     return body[:300].decode(errors="replace")
 
 
-def _observe(taken: Intake) -> None:
+def observe_call(taken: Intake) -> None:
     exchange = taken.exchange
     metrics = taken.ctx.metrics
     finished = exchange.finished_at or now()

@@ -12,6 +12,7 @@ from rolltap.proxy.backends import BackendPool
 from rolltap.proxy.exchange import Exchange
 from rolltap.proxy.gate import Gate
 from rolltap.proxy.metrics import ProxyMetrics
+from rolltap.proxy.recall import Recall
 from rolltap.proxy.rollouts import Rollouts, RolloutState
 from rolltap.proxy.routing import StickyRouter
 from rolltap.store import CallStatus, RolloutStatus, Store
@@ -36,6 +37,13 @@ class ProxySettings:
     read_timeout: float = 3600.0
     """Longest silence from an engine within one answer before the call fails."""
     weight_version: str | None = None
+    secret: str | None = field(default=None, repr=False)
+    """Signs the references handed to clients (thinking signatures, Responses encrypted_content);
+    None keeps a generated one beside the database (proxy/secret.py)."""
+    max_tokens_cap: int | None = None
+    """The most tokens one call may generate: a larger or missing max_tokens is lowered to it in
+    the request the engine gets, and the call is noted. Responses/Messages clients see an answer
+    cut by the cap as ended normally (proxy/translated.py). None: no cap."""
 
 
 @dataclass
@@ -47,6 +55,8 @@ class ProxyContext:
     router: StickyRouter
     gate: Gate
     metrics: ProxyMetrics
+    recall: Recall
+    """Earlier answers of each rollout, for restoring a harness's history (recall.py)."""
     session: aiohttp.ClientSession | None = None
     models_cache: dict[str, tuple[float, bytes]] = field(default_factory=dict)
     """Backend URL -> (fetched at, /v1/models body)."""

@@ -31,6 +31,19 @@ from rolltap.store.url import resolve_url
 @click.option("--open", "open_mode", is_flag=True, help="Create a rollout for an unknown key.")
 @click.option("--admin-token", envvar="ROLLTAP_ADMIN_TOKEN", help="Required on /admin when set.")
 @click.option("--max-body-mb", default=32, show_default=True, help="Largest request body.")
+@click.option(
+    "--max-tokens-cap",
+    type=int,
+    envvar="ROLLTAP_MAX_TOKENS_CAP",
+    help="Lower any call's max_tokens to this (recorded on the call); for small test models.",
+)
+@click.option(
+    "--secret",
+    envvar="ROLLTAP_SECRET",
+    help="Signs the references the proxy hands to harnesses (Responses/Messages round trips); "
+    "default: a random secret kept beside the SQLite file. Give proxies sharing a database the "
+    "same one.",
+)
 @click.option("--model", "engine_model", help="Built-in engine: model dir or GGUF file.")
 @click.option("--device", default="cpu", show_default=True, help="Built-in engine: cpu or cuda.")
 @click.option(
@@ -52,6 +65,8 @@ def serve(
     open_mode: bool,
     admin_token: str | None,
     max_body_mb: int,
+    max_tokens_cap: int | None,
+    secret: str | None,
     engine_model: str | None,
     device: str,
     engine_args: tuple[str, ...],
@@ -70,6 +85,8 @@ def serve(
         admin_token=admin_token,
         max_body_bytes=max_body_mb * 1024 * 1024,
         weight_version=weight_version,
+        max_tokens_cap=max_tokens_cap,
+        secret=secret,
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
 

@@ -102,7 +102,10 @@ class MiniSweAgent:
         status = str(info.get("exit_status") or "") if isinstance(info, dict) else ""
         if status == "Submitted":
             return Outcome(Ending.FINISHED, status)
-        if status in ("LimitsExceeded", "TimeExceeded"):
+        # RepeatedFormatError is mini's max_consecutive_format_errors limit: the model kept
+        # answering without a valid action. That is the policy's outcome (reward from the
+        # tests), not a failure of the harness.
+        if status in ("LimitsExceeded", "TimeExceeded", "RepeatedFormatError"):
             return Outcome(Ending.LIMIT, status)
         if status in _API_ERRORS:
             message = _exit_message(trajectory)

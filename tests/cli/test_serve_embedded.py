@@ -60,7 +60,9 @@ def test_serve_builtin_engine_then_chat_then_show(tmp_path: Path) -> None:
             timeout=120,
         )
         assert shown.returncode == 0, shown.stderr
-        rows = [line.split() for line in shown.stdout.splitlines() if re.match(r"\s*\d+\s+chat", line)]
+        rows = [
+            line.split() for line in shown.stdout.splitlines() if re.match(r"\s*\d+\s+chat", line)
+        ]
         assert [r[0] for r in rows] == ["1", "2", "3"]
         assert all(r[2] == "ok" for r in rows)
         assert all("tokens" in " ".join(r) for r in rows)

@@ -34,6 +34,7 @@ def traj(status: str, last: str = "") -> dict[PurePosixPath, bytes]:
 CASES = [
     ("mini-swe-agent", HarnessExit(0, files=traj("Submitted")), Ending.FINISHED),
     ("mini-swe-agent", HarnessExit(0, files=traj("LimitsExceeded")), Ending.LIMIT),
+    ("mini-swe-agent", HarnessExit(0, files=traj("RepeatedFormatError")), Ending.LIMIT),
     (
         "mini-swe-agent",
         HarnessExit(1, files=traj("BadRequestError", f"404 at /r/{KEY}/v1")),

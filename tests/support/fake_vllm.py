@@ -7,8 +7,8 @@ reasoning and content as their characters complete, a tool call as a head fragme
 its arguments a character at a time. `/tokenize` renders messages and tools the same way.
 Logprobs are a fixed function of the token id. What it answers is decided by a `script` (request
 body -> Reply). Faults are injected per request with the `x-fake-fault` header or per reply:
-refuse (close before answering), status:<code>, die_after:<k> (stream k chunks and drop the
-connection), hang, no_ids (behave like a plain OpenAI server).
+refuse (close before answering), status:<code>[:<message>], die_after:<k> (stream k chunks and
+drop the connection), hang, no_ids (behave like a plain OpenAI server).
 
 Run standalone for benchmarks: `python -m tests.support.fake_vllm --port 8300 [--token-delay-ms 2]`.
 """
@@ -75,7 +75,7 @@ def render(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]
 class Reply:
     text: str = "ok"
     tool_calls: list[dict[str, Any]] | None = None
-    """[{"name": ..., "arguments": "<json string>"}]: rendered as <tool_call> text."""
+    """[{"name": ..., "arguments": "<json string>", "id"?: ...}]: rendered as <tool_call> text."""
     fault: str | None = None
     token_delay: float = 0.0
     reasoning: str | None = None
@@ -139,11 +139,12 @@ class FakeVLLM:
             request.transport.close()
             raise web.HTTPInternalServerError()
         if fault.startswith("status:"):
-            status = int(fault.split(":")[1])
+            _, code, *said = fault.split(":", 2)
+            status = int(code)
             return web.json_response(
                 {
                     "error": {
-                        "message": "fake failure",
+                        "message": said[0] if said else "fake failure",
                         "type": "InternalServerError",
                         "code": status,
                     }
@@ -229,7 +230,7 @@ class FakeVLLM:
                 )
                 calls.append(
                     {
-                        "id": f"call_{request_id}_{index}_{k}",
+                        "id": tc.get("id") or f"call_{request_id}_{index}_{k}",
                         "type": "function",
                         "function": {"name": tc["name"], "arguments": tc["arguments"]},
                     }

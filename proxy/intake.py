@@ -12,7 +12,7 @@ from aiohttp import web
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, PayloadTooLarge, ProxyError
 from rolltap.proxy.exchange import PURPOSE_HEADERS, RETRY_HEADER, Exchange, now
-from rolltap.proxy.rollouts import RolloutState, request_key
+from rolltap.proxy.rollouts import Rollouts, RolloutState, request_key
 from rolltap.store import CallDialect, CallStatus, RolloutStatus
 
 
@@ -66,8 +66,6 @@ def parse_json_object(raw: bytes | None) -> dict[str, Any]:
 
 async def admit(taken: Intake) -> None:
     """Budgets and finished rollouts; a spent budget ends the rollout with its own status."""
-    from rolltap.proxy.rollouts import Rollouts
-
     state = taken.state
     try:
         Rollouts.admit(state)

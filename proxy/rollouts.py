@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from rolltap.proxy.errors import Forbidden, Unauthorized
-from rolltap.store import NewRollout, RolloutStatus, Store
+from rolltap.store import NewRollout, RolloutStatus, RolloutView, Store
 from rolltap.store.ids import hash_key
 from rolltap.store.store import FINAL_STATUSES
 
@@ -109,7 +109,7 @@ class Rollouts:
             self._by_hash.popitem(last=False)
         return state
 
-    async def _create(self, key: str):  # type: ignore[no-untyped-def]
+    async def _create(self, key: str) -> RolloutView | None:
         lock = self._creating.setdefault(hash_key(key), asyncio.Lock())
         async with lock:
             view = await self._store.rollout_by_key(key)

@@ -15,6 +15,7 @@ import os
 import urllib.request
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 
 def create_rollout(proxy: str, admin_token: str | None) -> dict[str, str]:
@@ -38,17 +39,14 @@ def main() -> None:
     rollout = create_rollout(args.proxy, os.environ.get("ROLLTAP_ADMIN_TOKEN"))
     client = openai.OpenAI(base_url=rollout["base_url"], api_key="unused")
     model = client.models.list().data[0].id
-    messages: list[dict[str, str]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are a friendly assistant. Answer in one sentence."}
     ]
     questions = ["What is the capital of France?", "And of Italy?", "Which one is bigger?"]
     for question in questions[: args.turns]:
         messages.append({"role": "user", "content": question})
         reply = client.chat.completions.create(
-            model=model,
-            messages=messages,
-            max_tokens=48,
-            temperature=0,  # type: ignore[arg-type]
+            model=model, messages=messages, max_tokens=48, temperature=0
         )
         answer = reply.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": answer})

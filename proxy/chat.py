@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import orjson
@@ -11,6 +10,7 @@ from aiohttp import web
 
 from rolltap.proxy.assemble import ChatAssembler
 from rolltap.proxy.call import EngineBroke, EngineCall
+from rolltap.proxy.dispatch import engine_call, error_message, write_last
 from rolltap.proxy.errors import BadRequest, ProxyError, Unprocessable, UpstreamFailed
 from rolltap.proxy.exchange import now
 from rolltap.proxy.intake import Intake, admit, intake, link_retry, parse_json_object
@@ -99,26 +99,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     exchange.model = body.get("model")
     await admit(taken)
     await link_retry(taken)
-    ctx = taken.ctx
-    exchange.weight_version = await ctx.gate.enter()
-    call = EngineCall(ctx, exchange, body)
-    try:
-        try:
-            await call.open()
-        except ProxyError as e:
-            exchange.fail(CallStatus.FAILED, e.status, e.message)
-            await ctx.record(exchange, taken.state)
-            ctx.metrics.errors.inc(kind=e.code or e.type)
-            raise
+    async with engine_call(taken, body) as call:
         if call.error is not None:
             return await _engine_error(taken, call)
         if exchange.stream:
             return await _relay_stream(request, taken, call)
         return await _relay_body(taken, call)
-    finally:
-        call.close()
-        ctx.gate.leave()
-        observe_call(taken)
 
 
 async def _engine_error(taken: Intake, call: EngineCall) -> web.Response:
@@ -208,36 +194,3 @@ def rolltap_only(doc: dict[str, Any], client_wants_usage: bool) -> bool:
     if "sglext" in doc:
         return True
     return "usage" in doc and not client_wants_usage
-
-
-async def write_last(response: web.StreamResponse, data: bytes) -> None:
-    try:
-        await response.write(data)
-        await response.write_eof()
-    except ConnectionResetError:
-        pass
-
-
-def error_message(body: bytes) -> str:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body[:300].decode(errors="replace")
-    error = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])[:1000]
-    return body[:300].decode(errors="replace")
-
-
-def observe_call(taken: Intake) -> None:
-    exchange = taken.exchange
-    metrics = taken.ctx.metrics
-    finished = exchange.finished_at or now()
-    total = (finished - exchange.received_at).total_seconds()
-    metrics.latency.observe(total, dialect=exchange.dialect.value)
-    if exchange.first_token_at is not None and exchange.stream:
-        metrics.ttft.observe((exchange.first_token_at - exchange.received_at).total_seconds())
-    if exchange.dispatched_at is not None and exchange.upstream_done is not None:
-        before = (exchange.dispatched_at - exchange.received_at).total_seconds()
-        after = time.perf_counter() - exchange.upstream_done
-        metrics.overhead.observe(before + after, dialect=exchange.dialect.value)

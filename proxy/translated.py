@@ -23,9 +23,9 @@ from aiohttp import web
 from rolltap.proxy.assemble import ChatAssembler
 from rolltap.proxy.blocks import BlockStream, from_message
 from rolltap.proxy.call import EngineBroke, EngineCall
-from rolltap.proxy.chat import error_message, observe_call, write_last
 from rolltap.proxy.context import ProxyContext
 from rolltap.proxy.dialect import Answer, ChatPlan, Dialect, Ending, Renderer
+from rolltap.proxy.dispatch import engine_call, error_message, write_last
 from rolltap.proxy.errors import (
     BadRequest,
     Forbidden,
@@ -75,25 +75,12 @@ async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     chat = await chat_request(ctx, taken.state.id, plan, exchange)
     handle = ctx.recall.handles.mint(taken.state.id, exchange.call_id)
     renderer = dialect.renderer(body, Answer(exchange.call_id, int(time.time()), handle))
-    exchange.weight_version = await ctx.gate.enter()
-    call = EngineCall(ctx, exchange, chat)
-    try:
-        try:
-            await call.open()
-        except ProxyError as e:
-            exchange.fail(CallStatus.FAILED, e.status, e.message)
-            await ctx.record(exchange, taken.state)
-            ctx.metrics.errors.inc(kind=e.code or e.type)
-            raise
+    async with engine_call(taken, chat) as call:
         if call.error is not None:
             return await _engine_error(request, taken, call.error.status, call.error.body)
         if exchange.stream:
             return await _relay_stream(request, taken, call, renderer)
         return await _relay_body(taken, call, renderer)
-    finally:
-        call.close()
-        ctx.gate.leave()
-        observe_call(taken)
 
 
 async def chat_request(

@@ -37,7 +37,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from rolltap.store.errors import StoreError
 from rolltap.store.models import CallDialect, DriftClass, LinkKind
 from rolltap.store.packing import IdArray
-from rolltap.store.segments import Assembly, Link, Region
+from rolltap.store.segments import Assembly, Link, Region, Segment
 from rolltap.store.turns import Turn, parsed_arguments, request_turns, response_turns
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,9 @@ _ANCHOR = 8
 _GLUE_TOKENS = 2
 _EXCERPT = 160
 _SPECIAL = re.compile(r"<\|[^|>]{1,40}\|>|</?s>")
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+# A block, or reasoning that runs from the start to a `</think>` whose `<think>` was in the
+# prompt (templates whose generation prompt opens it, served without a reasoning parser).
+_THINK = re.compile(r"<think>.*?(</think>|$)|^(?:(?!<think>).)*?</think>", re.S)
 
 
 class Detokenizer(Protocol):
@@ -137,7 +139,7 @@ def break_sites(assembly: Assembly) -> list[BreakSite]:
         prompt = segment.pieces[0].call.prompt
         assert prompt is not None
         sequence = parent.sequence(upto)
-        region = parent.locate(link.position, upto)
+        region = _answer_boundary(parent.locate(link.position, upto), link.position, parent, upto)
         sites.append(
             BreakSite(
                 segment.index,
@@ -150,6 +152,18 @@ def break_sites(assembly: Assembly) -> list[BreakSite]:
             )
         )
     return sites
+
+
+def _answer_boundary(region: Region, position: int, parent: Segment, upto: int) -> Region:
+    """A change to an answer can show up a token or two early: BPE merges the end of the context
+    before it with the answer's first characters (the newline closing a generation prompt and the
+    newlines opening an answer re-encode as one token), so such a break belongs to the answer."""
+    if region.kind != "context" or region.end - position > _GLUE_TOKENS:
+        return region
+    answer = parent.locate(region.end, upto)
+    if answer.kind != "sampled":
+        return region
+    return Region("sampled", answer.call_id, answer.choice, position, answer.end)
 
 
 def calls_to_read(site: BreakSite) -> set[str]:
@@ -339,7 +353,7 @@ def _by_tokens(
         calls = any(t.tool_calls for t in answer)
         if reasoning and added < removed:
             return DriftClass.REASONING_STRIPPED, "the answer came back shorter than its reasoning"
-        if not reasoning and position == start and added > removed:
+        if not reasoning and position == start and added > removed and _kept_after(site):
             return DriftClass.REASONING_INSERTED, "tokens were put in before the answer"
         if calls:
             return DriftClass.TOOL_ARGS, "an answer with tool calls came back re-rendered"
@@ -348,22 +362,33 @@ def _by_tokens(
     return DriftClass.OTHER, "the sampled ids came back changed"
 
 
+def _kept_after(site: BreakSite) -> bool:
+    """Whether the parent's diverging region comes back intact at the end of the child's: the
+    tokens were put in before it rather than the same text re-encoded."""
+    start, parent_end, child_end = site.ends
+    size = parent_end - start
+    return child_end - size >= start and np.array_equal(
+        site.prompt[child_end - size : child_end], site.parent[start:parent_end]
+    )
+
+
 def _child_end(site: BreakSite) -> int:
     """Where the parent's diverging region ends in the child's prompt, found by matching what
-    follows the region in the parent (or the region's last tokens) after the divergence."""
+    follows the region in the parent (or the region's last tokens, then its very last one: a
+    template that drops a whole answer keeps only its end-of-turn token) after the divergence."""
     parent, child, p = site.parent, site.prompt, site.link.position
     start, end = site.region.start, site.region.end
     rest = child[p:]
     if end < len(parent):
-        anchor, after = parent[end : end + _ANCHOR], 0
+        anchors = [parent[end : end + _ANCHOR]]
     else:
-        anchor = parent[max(p, end - _GLUE_TOKENS) : end]
-        after = len(anchor)
-    if len(anchor) and len(rest) >= len(anchor):
-        windows = sliding_window_view(rest, len(anchor))
-        hits = np.flatnonzero((windows == anchor).all(axis=1))
-        if hits.size:
-            return p + int(hits[0]) + after
+        anchors = [parent[max(p, end - n) : end] for n in (_GLUE_TOKENS, 1)]
+    for anchor in anchors:
+        if len(anchor) and len(rest) >= len(anchor):
+            windows = sliding_window_view(rest, len(anchor))
+            hits = np.flatnonzero((windows == anchor).all(axis=1))
+            if hits.size:
+                return p + int(hits[0]) + (len(anchor) if end == len(parent) else 0)
     return min(len(child), max(start, p + (end - p)))
 
 

@@ -48,6 +48,9 @@ class CallInput:
     capture: Capture = Capture.TOKENS
     purpose: str | None = None
     retry_of: str | None = None
+    retry_count: int = 0
+    """The client's own count of earlier attempts (x-stainless-retry-count)."""
+    body_hash: str | None = None
     prompt: IdArray | None = None
     choices: tuple[ChoiceTokens, ...] = ()
     stored_parent: tuple[str, int | None, int] | None = None
@@ -410,11 +413,12 @@ def _drop_retries_and_failures(calls: Sequence[CallInput]) -> tuple[list[CallInp
     """Keep one call per retried request (the one the harness went on with) and usable calls."""
     skipped: list[Skipped] = []
     by_id = {c.id: c for c in calls}
+    repeats = {c.id: c.retry_of for c in calls if c.retry_of is not None} | _unlinked_retries(calls)
 
     def root(c: CallInput) -> str:
         seen = {c.id}
-        while c.retry_of is not None and c.retry_of in by_id and c.retry_of not in seen:
-            c = by_id[c.retry_of]
+        while repeats.get(c.id) in by_id and repeats[c.id] not in seen:
+            c = by_id[repeats[c.id]]
             seen.add(c.id)
         return c.id
 
@@ -433,6 +437,20 @@ def _drop_retries_and_failures(calls: Sequence[CallInput]) -> tuple[list[CallInp
     kept.sort(key=lambda c: c.seq)
     skipped.sort(key=lambda s: s.seq)
     return kept, skipped
+
+
+def _unlinked_retries(calls: Sequence[CallInput]) -> dict[str, str]:
+    """Retries recorded without `retry_of`, and the call each repeats: a client that timed out
+    retries while its first request is still running, so nothing recorded had that body yet.
+    The client counted it a retry, and another call carried the same body with fewer attempts."""
+    found: dict[str, str] = {}
+    for c in calls:
+        if c.retry_of is not None or c.retry_count == 0 or c.body_hash is None:
+            continue
+        earlier = [o for o in calls if o.body_hash == c.body_hash and o.retry_count < c.retry_count]
+        if earlier:
+            found[c.id] = max(earlier, key=lambda o: (o.retry_count, o.seq)).id
+    return found
 
 
 def _unusable(c: CallInput) -> str | None:

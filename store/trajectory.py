@@ -261,6 +261,8 @@ async def _load_calls(
                 C.c.status,
                 C.c.capture,
                 C.c.retry_of,
+                C.c.retry_count,
+                C.c.body_hash,
                 C.c.weight_version,
                 C.c.prompt_parent_id,
                 C.c.prompt_parent_choice,
@@ -309,6 +311,8 @@ async def _load_calls(
                 capture=Capture(r.capture),
                 purpose=r.purpose,
                 retry_of=r.retry_of,
+                retry_count=r.retry_count or 0,
+                body_hash=r.body_hash,
                 prompt=prompts[r.id] if has_prompt else None,
                 choices=tuple(choices.get(r.id, ())),
                 stored_parent=None

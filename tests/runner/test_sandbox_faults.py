@@ -159,9 +159,7 @@ async def test_a_killed_runner_leaves_containers_that_sweep_removes_and_the_ttl_
         def left(ttl: int) -> list[object]:
             # The low-level list: the high-level one inspects each container and races with
             # the short-lived one's removal.
-            found = client.api.containers(
-                all=True, filters={"label": f"{LABEL_RUN}={run_id}{ttl}"}
-            )
+            found = client.api.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}{ttl}"})
             return list(found)
 
         assert len(left(5)) == 1

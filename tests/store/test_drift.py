@@ -110,6 +110,40 @@ async def test_template_strips_reasoning(
     assert text_ == (DriftClass.REASONING_STRIPPED, "text")
 
 
+async def test_stripped_reasoning_before_an_answer_opening_with_newlines(
+    store: Store, qwen3_style: Renderer, hf_detokenizer: HFDetokenizer
+) -> None:
+    # Re-rendered without its reasoning, the answer's "\n\n" merges with the "\n" ending
+    # "<|im_start|>assistant\n": the ids part one token before the sampled ones.
+    text = "<think>\nParis in spring is mild.\n</think>\n\n\n\nIt is sunny in Paris."
+    answer = {"content": "\n\nIt is sunny in Paris.", "reasoning_content": "Paris is mild."}
+    sampled = qwen3_style.ids(text + "<|im_end|>")
+    rec = await _broken_rollout(store, qwen3_style, sampled, answer)
+
+    tokens, text_ = await _classes(store, rec, hf_detokenizer)
+
+    built = await store.rollout_trajectories(rec.rollout_id)
+    link = built.trajectories[1].link
+    assert link is not None
+    assert link.position == len(built.trajectories[0].prompt_ids) - 1
+    assert tokens == (DriftClass.REASONING_STRIPPED, "tokens")
+    assert text_ == (DriftClass.REASONING_STRIPPED, "text")
+
+
+async def test_stripped_reasoning_whose_think_was_opened_by_the_prompt(
+    store: Store, qwen3_style: Renderer, hf_detokenizer: HFDetokenizer
+) -> None:
+    # No reasoning parser: the answer carries its reasoning up to a "</think>" and no "<think>".
+    content = "Paris in spring is mild.\n</think>\n\nIt is sunny in Paris."
+    sampled = qwen3_style.ids(content + "<|im_end|>")
+    rec = await _broken_rollout(store, qwen3_style, sampled, {"content": content})
+
+    tokens, text = await _classes(store, rec, hf_detokenizer)
+
+    assert tokens == (DriftClass.REASONING_STRIPPED, "tokens")
+    assert text == (DriftClass.REASONING_STRIPPED, "text")
+
+
 async def test_harness_strips_reasoning(store: Store, smollm2: Renderer) -> None:
     text = "<think>\nParis in spring is mild.\n</think>\n\nIt is sunny in Paris."
     answer = {"content": "It is sunny in Paris.", "reasoning_content": "Paris in spring is mild."}
@@ -233,6 +267,21 @@ async def test_retokenization_seen_in_text(
     sampled = smollm2.ids("It is sunny. ") + smollm2.ids("H") + smollm2.ids("AVING fun<|im_end|>")
     assert smollm2.decode(sampled) == "It is sunny. HAVING fun<|im_end|>"
     rec = await _broken_rollout(store, smollm2, sampled, {"content": "It is sunny. HAVING fun"})
+
+    tokens, text = await _classes(store, rec, hf_detokenizer)
+
+    assert tokens == (DriftClass.RETOKENIZATION, "tokens")
+    assert text == (DriftClass.RETOKENIZATION, "text")
+
+
+async def test_retokenized_first_token_is_not_inserted_reasoning(
+    store: Store, smollm2: Renderer, hf_detokenizer: HFDetokenizer
+) -> None:
+    # SmolLM2 sampled "To" + "fu" (seed 2 of test_drift_e2e); re-encoded, "Tofu" is three ids
+    # from the answer's very first token on, which is no insertion.
+    sampled = smollm2.ids("To") + smollm2.ids("fu is my alias<|im_end|>")
+    assert len(smollm2.ids("Tofu is my alias<|im_end|>")) > len(sampled)
+    rec = await _broken_rollout(store, smollm2, sampled, {"content": "Tofu is my alias"})
 
     tokens, text = await _classes(store, rec, hf_detokenizer)
 

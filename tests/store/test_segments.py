@@ -72,8 +72,17 @@ def rollouts(draw: st.DrawFn) -> _Rollout:
             tail = prompt + draw(tokens)
             continue
         if step == "retry":
-            first = r.add(prompt, [draw(tokens)])
-            retried = r.add(prompt, [draw(tokens)], retry_of=first.id)
+            body = f"body{len(r.calls)}"
+            first = r.add(prompt, [draw(tokens)], body_hash=body)
+            # Unlinked: the client retried while the first request was still running.
+            linked = draw(st.booleans())
+            retried = r.add(
+                prompt,
+                [draw(tokens)],
+                retry_of=first.id if linked else None,
+                retry_count=1,
+                body_hash=body,
+            )
             used = draw(st.sampled_from([first, retried]))
             r.retries.append((first.id, retried.id))
             tail = prompt + used.choices[0].token_ids.tolist()

@@ -80,6 +80,12 @@ def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) 
             proc.kill()
 
 
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -117,7 +123,7 @@ def body(stream: bool, i: int, dialect: str = "chat") -> bytes:
 
 
 async def drive(
-    url: str,
+    url: str | list[str],
     stream: bool,
     concurrency: int,
     duration: float,
@@ -132,7 +138,9 @@ async def drive(
         stop = measure_from + duration
         counter = 0
 
-        async def client() -> None:
+        urls = [url] * concurrency if isinstance(url, str) else url
+
+        async def client(url: str) -> None:
             nonlocal counter
             while time.perf_counter() < stop:
                 counter += 1
@@ -163,7 +171,7 @@ async def drive(
                 if first is not None:
                     results.ttfts.append(first - t0)
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await asyncio.gather(*(client(u) for u in urls[:concurrency]))
         results.elapsed = min(time.perf_counter(), stop) - measure_from
     return results
 
@@ -211,6 +219,11 @@ def report(name: str, direct: Results, proxied: Results, stream: bool) -> None:
         print(f"    TTFT     direct {t_d:.2f} ms  proxy {t_p:.2f} ms  overhead {t_p - t_d:.2f} ms")
 
 
+async def rollout_urls(proxy: str, path: str, n: int) -> list[str]:
+    """One rollout per client, as in RL: each harness has its own."""
+    return [f"{proxy}/r/{await create_rollout(proxy)}{path}" for _ in range(n)]
+
+
 async def create_rollout(proxy: str) -> str:
     async with (
         aiohttp.ClientSession() as session,
@@ -253,13 +266,12 @@ async def main() -> None:
                 label = "streaming" if stream else "non-streaming"
                 print(f"latency, {label} (engine paced at {pace:g} ms/token):")
                 with stack(pace, tmp) as (engine, proxy, _):
-                    key = await create_rollout(proxy)
                     direct = await drive(
                         f"{engine}/v1/chat/completions", stream, args.concurrency, args.duration
                     )
                     for dialect in args.dialects:
                         proxied = await drive(
-                            f"{proxy}/r/{key}{PATHS[dialect]}",
+                            await rollout_urls(proxy, PATHS[dialect], args.concurrency),
                             stream,
                             args.concurrency,
                             args.duration,
@@ -269,24 +281,29 @@ async def main() -> None:
         if "throughput" not in args.skip:
             print("throughput (engine answers at once):")
             with stack(0.0, tmp) as (engine, proxy, pid):
-                key = await create_rollout(proxy)
                 for stream in (False, True):
                     direct = await drive(
                         f"{engine}/v1/chat/completions", stream, args.concurrency, args.duration
                     )
                     for dialect in args.dialects:
+                        cpu0 = cpu_seconds(pid)
                         proxied = await drive(
-                            f"{proxy}/r/{key}{PATHS[dialect]}",
+                            await rollout_urls(proxy, PATHS[dialect], args.concurrency),
                             stream,
                             args.concurrency,
                             args.duration,
                             dialect=dialect,
+                            warmup=0.0,
                         )
+                        # The proxy's own CPU per call: its ceiling with a core to itself
+                        # (here it shares two cores with the engine and the load generator).
+                        per_call = (cpu_seconds(pid) - cpu0) / max(1, len(proxied.latencies))
                         label = ("streaming" if stream else "non-streaming") + f", {dialect}"
                         print(
                             f"  {label:<25} direct {direct.rate:6.0f} calls/s   proxy with "
                             f"capture {proxied.rate:6.0f} calls/s  (errors {proxied.errors}, "
-                            f"proxy RSS {rss_mb(pid):.0f} MB)"
+                            f"proxy CPU {per_call * 1e3:.2f} ms/call = "
+                            f"{1 / per_call:,.0f} calls/s per core, RSS {rss_mb(pid):.0f} MB)"
                         )
         if "memory" not in args.skip:
             print(f"memory: {args.streams} concurrent open streams (engine 50 ms/token):")

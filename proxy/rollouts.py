@@ -32,6 +32,8 @@ class RolloutState:
     loaded_at: float
     calls_before: int = 0
     """Calls the store held when this process first saw the rollout."""
+    refreshing: bool = False
+    """A re-read from the store is in flight; other requests use this state meanwhile."""
     bodies: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
     """Request body hash -> (call id, status) of this process's recent calls, for retries."""
 
@@ -74,10 +76,16 @@ class Rollouts:
         digest = hash_key(key)
         state = self._by_hash.get(digest)
         now = time.monotonic()
-        if state is not None and now - state.loaded_at < self._ttl:
+        if state is not None and (now - state.loaded_at < self._ttl or state.refreshing):
             self._by_hash.move_to_end(digest)
             return state
-        view = await self._store.rollout_by_key(key)
+        if state is not None:
+            state.refreshing = True
+        try:
+            view = await self._store.rollout_by_key(key)
+        finally:
+            if state is not None:
+                state.refreshing = False
         if view is None and self._open_mode:
             view = await self._create(key)
         if view is None:

@@ -37,8 +37,9 @@ def common_prefix(a: IdArray, b: IdArray) -> int:
     n = min(len(a), len(b))
     if n == 0:
         return 0
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
+    differ = a[:n] != b[:n]
+    first = int(differ.argmax())
+    return first if differ[first] else n
 
 
 def choose_parent(prompt: IdArray, candidates: Iterable[KnownCall]) -> PromptRef:

@@ -39,23 +39,18 @@ C = call_table
 CH = choice_table
 B = call_body_table
 
-_call_totals = (
-    select(
-        C.c.rollout_id,
-        func.count().label("n_calls"),
-        func.coalesce(func.sum(C.c.prompt_tokens + C.c.completion_tokens), 0).label("n_tokens"),
-    )
-    .group_by(C.c.rollout_id)
-    .subquery()
+# Correlated, so each rollout's totals come from its own calls through the (rollout_id, seq)
+# index; a grouped subquery would aggregate the whole call table for one rollout's lookup.
+_N_CALLS = select(func.count()).where(C.c.rollout_id == R.c.id).scalar_subquery()
+_N_TOKENS = (
+    select(func.coalesce(func.sum(C.c.prompt_tokens + C.c.completion_tokens), 0))
+    .where(C.c.rollout_id == R.c.id)
+    .scalar_subquery()
 )
 
 
 def _rollouts() -> Select[Any]:
-    return select(
-        R,
-        func.coalesce(_call_totals.c.n_calls, 0).label("n_calls"),
-        func.coalesce(_call_totals.c.n_tokens, 0).label("n_tokens"),
-    ).outerjoin(_call_totals, _call_totals.c.rollout_id == R.c.id)
+    return select(R, _N_CALLS.label("n_calls"), _N_TOKENS.label("n_tokens"))
 
 
 def _rollout_view(row: Row[Any]) -> RolloutView:

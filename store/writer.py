@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import Table, insert, update
+from sqlalchemy.engine import Connection, Dialect
 
 from rolltap.store import compress, queries
 from rolltap.store.database import Database
@@ -87,6 +87,7 @@ class GroupCommitWriter:
         self._db = db
         self._max_batch = max_batch
         self._recent = recent or RecentCalls()
+        self._inserts = _Inserts()
         self._queue: asyncio.Queue[_Pending | object] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -186,7 +187,7 @@ class GroupCommitWriter:
             if isinstance(op, AppendCall):
                 results.append(self._stage_call(conn, op.record, staged))
                 continue
-            _flush(conn, staged)
+            self._inserts.flush(conn, staged)
             if isinstance(op, CreateRollout):
                 results.append(_create_rollout(conn, op.new))
             elif isinstance(op, UpdateRollout):
@@ -194,7 +195,7 @@ class GroupCommitWriter:
                 results.append(None)
             else:
                 results.append(op.fn(conn))
-        _flush(conn, staged)
+        self._inserts.flush(conn, staged)
         return results, staged
 
     def _stage_call(self, conn: Connection, record: CallRecord, staged: _Staged) -> CallReceipt:
@@ -213,7 +214,10 @@ class GroupCommitWriter:
                 self._recent.load(
                     rid, queries.recent_known_calls(conn, rid, self._recent.per_rollout)
                 )
-            candidates = list(reversed(staged.known.get(rid, []))) + self._recent.candidates(rid)
+            # The rollout's latest calls, this batch's own first: a rollout with many calls in
+            # one batch (parallel sub-agents) must not make the search quadratic in the batch.
+            newest = staged.known.get(rid, [])[-self._recent.per_rollout :]
+            candidates = list(reversed(newest)) + self._recent.candidates(rid)
             ref = choose_parent(record.prompt_ids, candidates)
             parent_id, parent_choice, shared, suffix = (
                 ref.parent_id,
@@ -302,21 +306,66 @@ class GroupCommitWriter:
             self._recent.forget(rollout_id)
 
 
-_INSERT_CALL = insert(call_table)
-_INSERT_CHOICE = insert(choice_table)
-_INSERT_BODY = insert(call_body_table)
+@dataclass(frozen=True)
+class _RowInsert:
+    """INSERT of plain tuples through the driver, for the tables written on every call.
+
+    Core's execute spends more time per row on parameter handling than the database spends
+    storing it; the rows here always carry every column, so the statement and each column's
+    own bind processor (the same conversion Core applies) are prepared once per dialect.
+    """
+
+    sql: str
+    names: tuple[str, ...]
+    processors: tuple[Callable[[Any], Any] | None, ...]
+
+    @classmethod
+    def of(cls, table: Table, dialect: Dialect) -> _RowInsert:
+        names = tuple(c.name for c in table.columns)
+        if dialect.paramstyle == "qmark":
+            marks = ["?"] * len(names)
+        else:  # asyncpg's adapter: $1, $2, ...
+            marks = [f"${i}" for i in range(1, len(names) + 1)]
+        quote = dialect.identifier_preparer.quote
+        columns = ", ".join(quote(n) for n in names)
+        sql = f"INSERT INTO {quote(table.name)} ({columns}) VALUES ({', '.join(marks)})"
+        processors = tuple(c.type._cached_bind_processor(dialect) for c in table.columns)
+        return cls(sql, names, processors)
+
+    def execute(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        pairs = list(zip(self.names, self.processors, strict=True))
+        conn.exec_driver_sql(
+            self.sql,
+            [tuple(p(r[n]) if p else r[n] for n, p in pairs) for r in rows],
+        )
 
 
-def _flush(conn: Connection, staged: _Staged) -> None:
-    if staged.calls:
-        conn.execute(_INSERT_CALL, staged.calls)
-        staged.calls = []
-    if staged.choices:
-        conn.execute(_INSERT_CHOICE, staged.choices)
-        staged.choices = []
-    if staged.bodies:
-        conn.execute(_INSERT_BODY, staged.bodies)
-        staged.bodies = []
+class _Inserts:
+    """The writer's prepared row inserts, by dialect and table."""
+
+    def __init__(self) -> None:
+        self._prepared: dict[tuple[str, str], _RowInsert] = {}
+
+    def insert(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+        if conn.dialect.paramstyle not in ("qmark", "numeric_dollar"):
+            conn.execute(insert(table), rows)
+            return
+        key = (conn.dialect.name, table.name)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepared[key] = _RowInsert.of(table, conn.dialect)
+        prepared.execute(conn, rows)
+
+    def flush(self, conn: Connection, staged: _Staged) -> None:
+        if staged.calls:
+            self.insert(conn, call_table, staged.calls)
+            staged.calls = []
+        if staged.choices:
+            self.insert(conn, choice_table, staged.choices)
+            staged.choices = []
+        if staged.bodies:
+            self.insert(conn, call_body_table, staged.bodies)
+            staged.bodies = []
 
 
 def _create_rollout(conn: Connection, new: NewRollout) -> CreatedRollout:

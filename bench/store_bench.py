@@ -104,7 +104,7 @@ async def growing_rollout(url: str) -> tuple[int, int, int, float]:
         )
         prompt = np.concatenate([prompt, completion, rng.integers(0, 49_152, tool_len)])
     unique = len(prompt) - tool_len
-    async with store.db.read() as conn:
+    async with store.db.connect() as conn:
         suffix = await conn.scalar(
             select(func.sum(func.length(call_table.c.prompt_suffix))).where(
                 call_table.c.rollout_id == rollout

@@ -44,12 +44,14 @@ print("ok", len(tasks))
 
 def test_built_wheel_imports_and_carries_its_data(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    subprocess.run(
+    built = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)],
         cwd=ROOT,
-        check=True,
+        check=False,
         capture_output=True,
+        text=True,
     )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (wheel,) = dist.glob("rolltap-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for required in (

@@ -80,6 +80,13 @@ class SandboxSpec:
     """Set for every command in the sandbox; exec's own env wins."""
     limits: Limits = field(default_factory=Limits)
 
+    @property
+    def proxy_url(self) -> str | None:
+        """The proxy as seen from inside: the forwarder on loopback (None without a socket)."""
+        if self.proxy_socket is None:
+            return None
+        return f"http://127.0.0.1:{self.proxy_port}"
+
 
 @dataclass(frozen=True)
 class ExecResult:

@@ -107,9 +107,7 @@ class DockerSandbox:
 
     @property
     def proxy_url(self) -> str | None:
-        if self._spec.proxy_socket is None:
-            return None
-        return f"http://127.0.0.1:{self._spec.proxy_port}"
+        return self._spec.proxy_url
 
     @property
     def workdir(self) -> str:

@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,6 +57,12 @@ class EngineProcess:
         Raises EngineStartError, with the tail of the child's output, if the child exits or
         does not become ready within `timeout` seconds.
         """
+        missing = [m for m in ("torch", "transformers", "gguf") if find_spec(m) is None]
+        if missing:
+            raise EngineStartError(
+                f"the built-in engine needs {', '.join(missing)}: pip install 'rolltap[engine]' "
+                "(on a CPU-only machine, pip install torch==2.13.0 first)"
+            )
         workdir = Path(tempfile.mkdtemp(prefix="rolltap-engine-"))
         ready = workdir / "ready.json"
         log_path = workdir / "engine.log"

@@ -12,16 +12,21 @@ from rolltap.cli.inspect import ls, show
 from rolltap.cli.model import model
 from rolltap.cli.run import demo, run
 from rolltap.cli.serve import serve
+from rolltap.engine.errors import EngineStartError
+from rolltap.runner.harnesses.errors import HarnessError
+from rolltap.runner.sandboxes.errors import SandboxUnavailable
+from rolltap.runner.tasks import TaskFormatError
 from rolltap.store.errors import StoreError
+
+# Errors that are the user's to fix (a URL, a server, an install, a task file): one line each.
+_USER_ERRORS = (StoreError, EngineStartError, HarnessError, SandboxUnavailable, TaskFormatError)
 
 
 class _Group(click.Group):
-    """Store errors are the user's to fix (a URL, a server): show them as one line, no trace."""
-
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except StoreError as e:
+        except _USER_ERRORS as e:
             raise click.ClickException(str(e)) from e
 
 

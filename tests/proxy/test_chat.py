@@ -274,3 +274,24 @@ async def test_plain_openai_backend_is_recorded_as_text_only(
         tokens = await store.call_tokens(call.id)
         assert tokens.choices == []
         assert len(tokens.prompt_ids) == 0
+
+
+async def test_fields_that_would_suppress_ids_never_reach_the_engine(
+    store: Store, sdk: OpenAIFactory
+) -> None:
+    async with fake_engine() as engine, running_proxy(store, engine.url) as proxy:
+        rollout_id, key = await new_rollout(store)
+        client = sdk(f"{proxy.url}/r/{key}/v1")
+
+        await client.chat.completions.create(
+            model="m", messages=MESSAGES, extra_body={"include_reasoning": False}
+        )
+
+        _, _, sent = engine.fake.requests[-1]
+        # vLLM nulls every token id and logprob when include_reasoning is false.
+        assert "include_reasoning" not in sent
+        assert sent["return_token_ids"] is True
+        (call,) = await store.calls(rollout_id)
+        assert call.capture is Capture.TOKENS
+        # The client's own request is recorded as it sent it.
+        assert b'"include_reasoning":false' in ((await store.call_bodies(call.id)).request or b"")

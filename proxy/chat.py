@@ -10,6 +10,7 @@ from aiohttp import web
 
 from rolltap.proxy.assemble import ChatAssembler
 from rolltap.proxy.call import EngineBroke, EngineCall
+from rolltap.proxy.dialect import expect
 from rolltap.proxy.dispatch import engine_call, error_message, write_last
 from rolltap.proxy.errors import BadRequest, ProxyError, Unprocessable, UpstreamFailed
 from rolltap.proxy.exchange import now
@@ -34,17 +35,17 @@ def validate_chat(body: dict[str, Any]) -> None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a 'role'", param="messages")
-    _expect(body, "model", str)
-    _expect(body, "stream", bool)
-    _expect(body, "logprobs", bool)
-    _expect(body, "tools", list)
-    _expect(body, "stream_options", dict)
-    _expect(body, "stop", (str, list))
-    _expect(body, "tool_choice", (str, dict))
+    expect(body, "model", str)
+    expect(body, "stream", bool)
+    expect(body, "logprobs", bool)
+    expect(body, "tools", list)
+    expect(body, "stream_options", dict)
+    expect(body, "stop", (str, list))
+    expect(body, "tool_choice", (str, dict))
     for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        _expect(body, key, (int, float))
+        expect(body, key, (int, float))
     for key in ("n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed", "top_k"):
-        _expect(body, key, int)
+        expect(body, key, int)
     n = body.get("n")
     if n is not None and not 1 <= n <= 128:
         raise BadRequest("'n' must be between 1 and 128", param="n")
@@ -61,29 +62,6 @@ def validate_chat(body: dict[str, Any]) -> None:
     modalities = body.get("modalities")
     if isinstance(modalities, list) and "audio" in modalities:
         raise Unprocessable("audio output is not supported", param="modalities")
-
-
-def _expect(body: dict[str, Any], key: str, types: type | tuple[type, ...]) -> None:
-    value = body.get(key)
-    if value is None:
-        return
-    allowed = types if isinstance(types, tuple) else (types,)
-    # bool is an int to Python, not to JSON schemas: `"n": true` is a type error.
-    is_bool_mismatch = isinstance(value, bool) and bool not in allowed
-    if is_bool_mismatch or not isinstance(value, allowed):
-        names = " or ".join(_type_name(t) for t in allowed)
-        raise BadRequest(f"'{key}' must be {names}", param=key, code="invalid_type")
-
-
-def _type_name(t: type) -> str:
-    return {
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        list: "an array",
-        dict: "an object",
-    }.get(t, t.__name__)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

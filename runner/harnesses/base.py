@@ -154,6 +154,11 @@ class Harness(Protocol):
     def classify(self, ctx: RunContext, exit: HarnessExit) -> Outcome: ...
 
 
+def base_env(ctx: RunContext, installation: Installation) -> dict[str, str]:
+    """What every harness's environment starts from; Launch.env is complete, not merged."""
+    return {"PATH": installation.search_path(), "HOME": str(ctx.home), "LANG": "C.UTF-8"}
+
+
 def redact(text: str, ctx: RunContext, limit: int = 500) -> str:
     """`text` shortened to `limit` characters with the rollout key masked."""
     clean = text.replace(ctx.key, "<key>") if ctx.key else text

@@ -11,6 +11,7 @@ from rolltap.runner.harnesses.base import (
     NpmPackages,
     Outcome,
     RunContext,
+    base_env,
     exit_outcome,
     redact,
 )
@@ -38,9 +39,7 @@ class ClaudeCode:
         )
         model = ctx.model
         env = {
-            "PATH": installation.search_path(),
-            "HOME": str(ctx.home),
-            "LANG": "C.UTF-8",
+            **base_env(ctx, installation),
             "CLAUDE_CONFIG_DIR": str(config_dir),
             # As root, --dangerously-skip-permissions is refused unless the CLI is told it runs
             # in a sandbox (and bypassPermissions alone exits without calling the model).

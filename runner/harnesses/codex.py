@@ -13,6 +13,7 @@ from rolltap.runner.harnesses.base import (
     NpmPackages,
     Outcome,
     RunContext,
+    base_env,
     exit_outcome,
     redact,
 )
@@ -38,9 +39,7 @@ class Codex:
             ctx.instruction,
         )
         env = {
-            "PATH": installation.search_path(),
-            "HOME": str(ctx.home),
-            "LANG": "C.UTF-8",
+            **base_env(ctx, installation),
             "CODEX_HOME": str(codex_home),
             KEY_VAR: ctx.key,
         }

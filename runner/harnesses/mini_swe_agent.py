@@ -14,6 +14,7 @@ from rolltap.runner.harnesses.base import (
     Outcome,
     PythonPackages,
     RunContext,
+    base_env,
     exit_outcome,
     redact,
 )
@@ -75,9 +76,7 @@ class MiniSweAgent:
             ctx.instruction,
         )
         env = {
-            "PATH": installation.search_path(),
-            "HOME": str(ctx.home),
-            "LANG": "C.UTF-8",
+            **base_env(ctx, installation),
             "PYTHONUNBUFFERED": "1",
             "MSWEA_CONFIGURED": "true",
             "MSWEA_COST_TRACKING": "ignore_errors",

@@ -14,6 +14,7 @@ from rolltap.runner.harnesses.base import (
     NpmPackages,
     Outcome,
     RunContext,
+    base_env,
     exit_outcome,
     redact,
 )
@@ -41,9 +42,7 @@ class OpenCode:
             ctx.instruction,
         )
         env = {
-            "PATH": installation.search_path(),
-            "HOME": str(ctx.home),
-            "LANG": "C.UTF-8",
+            **base_env(ctx, installation),
             "OPENCODE_CONFIG": str(config_path),
             KEY_VAR: ctx.key,
             "OPENCODE_DISABLE_AUTOUPDATE": "1",

@@ -11,6 +11,7 @@ from rolltap.runner.harnesses.base import (
     Outcome,
     PythonPackages,
     RunContext,
+    base_env,
     exit_outcome,
     redact,
 )
@@ -38,9 +39,7 @@ class OpenHands:
         )
         conversations = ctx.logs_dir / "openhands-conversations"
         env = {
-            "PATH": installation.search_path(),
-            "HOME": str(ctx.home),
-            "LANG": "C.UTF-8",
+            **base_env(ctx, installation),
             "PYTHONUNBUFFERED": "1",
             "LLM_MODEL": f"hosted_vllm/{ctx.model}",
             "LLM_BASE_URL": ctx.openai_base_url,

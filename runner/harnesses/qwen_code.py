@@ -13,6 +13,7 @@ from rolltap.runner.harnesses.base import (
     NpmPackages,
     Outcome,
     RunContext,
+    base_env,
     exit_outcome,
     redact,
 )
@@ -39,9 +40,7 @@ class QwenCode:
             f"--prompt={ctx.instruction}",
         )
         env = {
-            "PATH": installation.search_path(),
-            "HOME": str(ctx.home),
-            "LANG": "C.UTF-8",
+            **base_env(ctx, installation),
             # Flags would put the key (and the keyed URL) on the command line.
             "OPENAI_API_KEY": ctx.key,
             "OPENAI_BASE_URL": ctx.openai_base_url,

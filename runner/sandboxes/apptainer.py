@@ -36,7 +36,7 @@ from rolltap.runner.sandboxes.workspace import (
     create_workspace,
     sweep_workspaces,
 )
-from rolltap.runner.sandboxes.wrapped import Wrap, WrappedSandbox
+from rolltap.runner.sandboxes.wrapped import Wrap, WrappedSandbox, check_mounts
 
 
 class ApptainerProvider:
@@ -67,9 +67,7 @@ class ApptainerProvider:
             raise ImageBuildError("the apptainer kind needs an image (SIF, sandbox dir or URI)")
         if ":" not in image and not Path(image).exists():
             raise ImageBuildError(f"image {image} does not exist")
-        for m in spec.mounts:
-            if not m.host_path.exists():
-                raise SandboxStartError(f"mount source {m.host_path} does not exist")
+        check_mounts(spec)
         try:
             ws = await asyncio.to_thread(
                 create_workspace, self._root, spec.run_id, spec.rollout_id, spec.task.workdir

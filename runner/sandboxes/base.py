@@ -44,6 +44,10 @@ Command = str | Sequence[str]
 """A shell script (run with `bash -c`) or an argv list."""
 
 
+def command_argv(cmd: Command) -> list[str]:
+    return ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+
+
 @dataclass(frozen=True)
 class Mount:
     """A host path visible inside; harness prefixes are mounted read-only at the same path."""

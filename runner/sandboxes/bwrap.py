@@ -38,7 +38,7 @@ from rolltap.runner.sandboxes.errors import (
     SandboxUnavailable,
 )
 from rolltap.runner.sandboxes.workspace import Workspace, create_workspace, sweep_workspaces
-from rolltap.runner.sandboxes.wrapped import Wrap, WrappedSandbox
+from rolltap.runner.sandboxes.wrapped import Wrap, WrappedSandbox, check_mounts
 
 HOST_SYSTEM_DIRS = ("usr", "etc", "opt", "var", "srv", "bin", "sbin", "lib", "lib32", "lib64")
 # Provided fresh (or from the workspace) instead of taken from a rootfs.
@@ -70,9 +70,7 @@ class BwrapProvider:
         rootfs = Path(spec.image) if spec.image else self._rootfs
         if rootfs is not None and not (rootfs / "usr").is_dir():
             raise ImageBuildError(f"rootfs {rootfs} is missing or has no /usr")
-        for m in spec.mounts:
-            if not m.host_path.exists():
-                raise SandboxStartError(f"mount source {m.host_path} does not exist")
+        check_mounts(spec)
         if spec.proxy_socket is not None and not spec.proxy_socket.parent.is_dir():
             raise SandboxStartError(f"proxy socket directory {spec.proxy_socket.parent} is missing")
         try:

@@ -41,6 +41,7 @@ from rolltap.runner.sandboxes.base import (
     Command,
     ExecResult,
     SandboxSpec,
+    command_argv,
 )
 from rolltap.runner.sandboxes.docker_copy import get_path, put_bytes, put_path
 from rolltap.runner.sandboxes.docker_exec import ContainerExec
@@ -135,7 +136,7 @@ class DockerSandbox:
     ) -> ExecResult:
         if self._closed:
             raise SandboxExecError("the sandbox is closed")
-        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        argv = command_argv(cmd)
         token = secrets.token_hex(8)
         raw = self._provider.raw
         if stdin is not None:

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import Command, ExecResult, Mount, SandboxSpec
+from rolltap.runner.sandboxes.base import Command, ExecResult, Mount, SandboxSpec, command_argv
 from rolltap.runner.sandboxes.errors import SandboxExecError
 from rolltap.runner.sandboxes.forwarder import BACKLOG, serve
 from rolltap.runner.sandboxes.process import run_process
@@ -111,7 +111,7 @@ class LocalSandbox:
     ) -> ExecResult:
         if self._closed:
             raise SandboxExecError("the sandbox is closed")
-        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        argv = command_argv(cmd)
         full_env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "C.UTF-8",

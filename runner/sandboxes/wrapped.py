@@ -13,8 +13,9 @@ from rolltap.runner.sandboxes.base import (
     Command,
     ExecResult,
     SandboxSpec,
+    command_argv,
 )
-from rolltap.runner.sandboxes.errors import SandboxExecError
+from rolltap.runner.sandboxes.errors import SandboxExecError, SandboxStartError
 from rolltap.runner.sandboxes.process import run_process
 from rolltap.runner.sandboxes.workspace import (
     HOME,
@@ -26,6 +27,14 @@ from rolltap.runner.sandboxes.workspace import (
 )
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def check_mounts(spec: SandboxSpec) -> None:
+    """Refuse a missing bind source at start, not as an obscure failure of the first command."""
+    for m in spec.mounts:
+        if not m.host_path.exists():
+            raise SandboxStartError(f"mount source {m.host_path} does not exist")
+
 
 Wrap = Callable[[list[str], str, dict[str, str]], tuple[list[str], dict[str, str]]]
 """(argv inside, cwd inside, env inside) -> (host argv, host env)."""
@@ -82,7 +91,7 @@ class WrappedSandbox:
     ) -> ExecResult:
         if self._closed:
             raise SandboxExecError("the sandbox is closed")
-        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        argv = command_argv(cmd)
         inside_env = {
             "PATH": PATH,
             "HOME": HOME,

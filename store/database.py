@@ -66,7 +66,10 @@ def open_database(url: DatabaseURL) -> Database:
             max_overflow=0,
             connect_args={"timeout": 30, "check_same_thread": False},
         )
-        _configure_sqlite(sync_writer, "BEGIN IMMEDIATE", url.sqlite_synchronous)
+        # Its checkpoints run on their own thread (store/checkpoint.py), not inside its commits.
+        _configure_sqlite(
+            sync_writer, "BEGIN IMMEDIATE", url.sqlite_synchronous, autocheckpoint=False
+        )
         reader = _sqlite_engine(url, "BEGIN", pool_size=8)
         return Database(url, writer, reader, sync_writer)
     engine = create_async_engine(
@@ -86,7 +89,9 @@ def _sqlite_engine(url: DatabaseURL, begin: str, pool_size: int) -> AsyncEngine:
     return engine
 
 
-def _configure_sqlite(engine: Engine, begin: str, synchronous: str) -> None:
+def _configure_sqlite(
+    engine: Engine, begin: str, synchronous: str, *, autocheckpoint: bool = True
+) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # pysqlite's implicit BEGIN breaks SAVEPOINT and transactional DDL; SQLAlchemy
@@ -97,6 +102,8 @@ def _configure_sqlite(engine: Engine, begin: str, synchronous: str) -> None:
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        if not autocheckpoint:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -19,7 +19,8 @@ from sqlalchemy import Table, insert, update
 from sqlalchemy.engine import Connection, Dialect
 
 from rolltap.store import compress, queries
-from rolltap.store.database import Database
+from rolltap.store.checkpoint import WalCheckpointer
+from rolltap.store.database import BUSY_TIMEOUT_MS, Database
 from rolltap.store.delta import KnownCall, RecentCalls, choose_parent
 from rolltap.store.errors import NotFound, WriterClosed
 from rolltap.store.ids import hash_key, new_id, new_key
@@ -91,17 +92,20 @@ class GroupCommitWriter:
         self._queue: asyncio.Queue[_Pending | object] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        # SQLite: all batches run on one thread with the writer's own connection.
-        self._thread = (
-            ThreadPoolExecutor(1, thread_name_prefix="rolltap-writer")
-            if db.sync_writer is not None
-            else None
-        )
+        # SQLite: all batches run on one thread with the writer's own connection, and WAL
+        # checkpoints on another, so no commit waits for one.
+        self._thread: ThreadPoolExecutor | None = None
+        self._checkpointer: WalCheckpointer | None = None
+        if db.sync_writer is not None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="rolltap-writer")
+            self._checkpointer = WalCheckpointer(db.url.sqlite_path, BUSY_TIMEOUT_MS)
         self.commits = 0
         """Transactions committed so far (the benchmark reports writes per commit)."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="rolltap-writer")
+        if self._checkpointer is not None:
+            self._checkpointer.start()
 
     async def close(self) -> None:
         """Commit everything already submitted, then stop."""
@@ -113,6 +117,8 @@ class GroupCommitWriter:
             await self._task
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+        if self._checkpointer is not None:
+            await asyncio.to_thread(self._checkpointer.close)
 
     def submit(self, op: Op) -> asyncio.Future[Any]:
         if self._closed:
@@ -172,6 +178,8 @@ class GroupCommitWriter:
 
     def _committed(self, staged: _Staged) -> None:
         self.commits += 1
+        if self._checkpointer is not None:
+            self._checkpointer.committed()
         for rollout_id, known in staged.known.items():
             for k in known:
                 self._recent.add(rollout_id, k)

@@ -11,7 +11,10 @@ generator (aiohttp + uvloop):
   engines do; 5 ms per token streaming, 200 tokens/s per stream) at the given concurrency:
   p50/p99 of each, the proxy's added latency, and time-to-first-token overhead for streams;
 - throughput: an engine that answers at once, so the proxy's own ceiling shows (calls/s);
-- memory: `--streams` concurrent open streams held by a slow engine, the proxy's RSS.
+- memory: `--streams` concurrent open streams held by a slow engine, the proxy's RSS;
+- reference: under the same non-streaming load, a bare aiohttp forwarder (bench/
+  reference_forwarder.py) relaying bytes, and the same forwarder asking for token ids and
+  logprobs and stripping them, with no store: the floor any capturing aiohttp proxy starts from.
 
 The proxy is measured in each client dialect (`--dialects`, default all three): Chat Completions
 relayed, and the Responses API and Anthropic Messages translated to the engine's chat completions
@@ -232,6 +235,20 @@ async def create_rollout(proxy: str) -> str:
         return str((await resp.json())["key"])
 
 
+async def reference_rows(engine: str, direct: Results, concurrency: int, duration: float) -> None:
+    """The floor: a bare aiohttp forwarder, relaying bytes and then capturing without a store."""
+    for capture in (False, True):
+        port = free_port()
+        cmd = [sys.executable, str(ROOT / "bench" / "reference_forwarder.py")]
+        cmd += ["--engine", engine, "--port", str(port)] + (["--capture"] if capture else [])
+        with process(cmd, f"http://127.0.0.1:{port}"):
+            forwarded = await drive(
+                f"http://127.0.0.1:{port}/v1/chat/completions", False, concurrency, duration
+            )
+        label = "capturing, no store" if capture else "relaying bytes"
+        report(f"non-streaming, reference forwarder ({label})", direct, forwarded, False)
+
+
 @contextlib.contextmanager
 def stack(token_delay_ms: float, tmp: str) -> Iterator[tuple[str, str, int]]:
     engine_port, proxy_port = free_port(), free_port()
@@ -252,7 +269,10 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["latency", "throughput", "memory"]
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["latency", "reference", "throughput", "memory"],
     )
     parser.add_argument("--dialects", nargs="*", default=list(PATHS), choices=list(PATHS))
     args = parser.parse_args()
@@ -269,6 +289,8 @@ async def main() -> None:
                     direct = await drive(
                         f"{engine}/v1/chat/completions", stream, args.concurrency, args.duration
                     )
+                    if not stream and "reference" not in args.skip:
+                        await reference_rows(engine, direct, args.concurrency, args.duration)
                     for dialect in args.dialects:
                         proxied = await drive(
                             await rollout_urls(proxy, PATHS[dialect], args.concurrency),

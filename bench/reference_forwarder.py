@@ -1,0 +1,90 @@
+"""A minimal aiohttp forwarder for chat completions: the floor under rolltap's added latency.
+
+    python bench/reference_forwarder.py --engine URL --port PORT [--capture]
+
+Plain, it relays each request and answer as bytes. With `--capture` it does the least any
+capturing proxy in front of vLLM must do: ask for token ids and logprobs, parse the answer, pull
+the ids and logprobs out into arrays, and strip them before the client sees the answer. It has no
+store, no routing, no rollouts and no validation; proxy_bench.py runs it beside rolltap so the
+cost of capture itself (a ~10x larger engine answer parsed in Python) shows apart from rolltap's.
+Not part of rolltap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+import uvloop
+from aiohttp import web
+
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+CAPTURE_FIELDS = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+
+
+def make_app(engine: str, capture: bool) -> web.Application:
+    async def plain(request: web.Request) -> web.Response:
+        async with request.app[SESSION].post(
+            f"{engine}/v1/chat/completions",
+            data=await request.read(),
+            headers={"Content-Type": "application/json"},
+        ) as upstream:
+            answer = await upstream.read()
+        return web.Response(body=answer, status=upstream.status, content_type="application/json")
+
+    async def capturing(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        async with request.app[SESSION].post(
+            f"{engine}/v1/chat/completions",
+            data=orjson.dumps({**body, **CAPTURE_FIELDS}),
+            headers={"Content-Type": "application/json"},
+        ) as upstream:
+            doc: dict[str, Any] = orjson.loads(await upstream.read())
+        prompt = np.asarray(doc.pop("prompt_token_ids"), dtype=np.int32)
+        for choice in doc["choices"]:
+            ids = np.asarray(choice.pop("token_ids"), dtype=np.int32)
+            logprobs = np.fromiter((e["logprob"] for e in choice["logprobs"]["content"]), float)
+            if len(ids) != len(logprobs) or not len(prompt):
+                raise web.HTTPBadGateway(text="the engine's answer lacks ids or logprobs")
+            choice["logprobs"] = None
+        return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+    async def start(app: web.Application) -> None:
+        app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def stop(app: web.Application) -> None:
+        await app[SESSION].close()
+
+    app = web.Application()
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app.router.add_post("/v1/chat/completions", capturing if capture else plain)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--capture", action="store_true")
+    args = parser.parse_args()
+    app = make_app(args.engine.rstrip("/"), args.capture)
+    # The same startup-heap treatment rolltap's server gets, so the comparison is like for like.
+    gc.collect()
+    gc.freeze()
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        access_log=None,
+        loop=uvloop.new_event_loop(),
+    )
+
+
+if __name__ == "__main__":
+    main()

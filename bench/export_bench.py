@@ -57,13 +57,28 @@ def _record(rollout_id: str, prompt: np.ndarray, completion: np.ndarray, turn: i
     )
 
 
-async def build_store(url: str, rollouts: int, turns: int, breaks: float) -> float:
+async def build_store(
+    url: str,
+    rollouts: int,
+    turns: int,
+    breaks: float,
+    *,
+    samples: int = 1,
+    batch: str = "bench",
+    meta: dict[str, object] | None = None,
+) -> float:
+    """Rollouts `i` are sample `i % samples` of task `t{i // samples}` of `batch`."""
     store = await Store.connect(url)
     rng = np.random.default_rng(0)
     ids = [
         (
             await store.create_rollout(
-                NewRollout(batch_id="bench", task_id=f"t{i}", sample_index=0)
+                NewRollout(
+                    batch_id=batch,
+                    task_id=f"t{i // samples}",
+                    sample_index=i % samples,
+                    meta=dict(meta or {}),
+                )
             )
         ).id
         for i in range(rollouts)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import shutil
 import statistics
@@ -32,8 +33,10 @@ from aiohttp import web
 # The runner part reuses the test suite's fakes (a shell harness, a fake engine).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rolltap.proxy.server import restrict_socket
 from rolltap.runner.sandboxes.base import SandboxProvider, SandboxSpec
 from rolltap.runner.sandboxes.errors import SandboxUnavailable
+from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.runner.sandboxes.kinds import make_provider
 from rolltap.runner.tasks import Task, TaskEnvironment
 
@@ -73,6 +76,7 @@ def print_table(rows: Sequence[Row | tuple[str, str]]) -> None:
 async def sandbox_start_stop(kind: str, n: int, proxy_socket: Path) -> list[Row]:
     """create / first exec / close latencies of `kind` over n sandboxes, one after another."""
     root = Path(tempfile.mkdtemp(prefix="rolltap-bench-"))
+    root.chmod(0o711)  # as root, bwrap runs as the sandbox user, who must reach its workspaces
     task = Task(
         id="bench", instruction="-", source=root, workdir="/app", environment=TaskEnvironment()
     )
@@ -166,6 +170,7 @@ async def runner_overhead(n: int, kind: str) -> list[Row]:
     from tests.support.proxy import fake_engine
 
     root = Path(tempfile.mkdtemp(prefix="rolltap-overhead-"))
+    root.chmod(0o711)
     tasks = [
         Task(
             id=f"trivial-{i}",
@@ -228,6 +233,11 @@ async def with_proxy_socket(body: Callable[[Path], object]) -> None:
     runner = web.AppRunner(web.Application())
     await runner.setup()
     await web.UnixSite(runner, str(directory / "proxy.sock")).start()
+    # As the runner's own proxy does (runner/host.py): owner and the sandboxes' group only.
+    group = sandbox_user().gid
+    restrict_socket(str(directory / "proxy.sock"), group)
+    os.chown(directory, -1, group)
+    directory.chmod(0o750)
     try:
         await body(directory / "proxy.sock")  # type: ignore[misc]
     finally:

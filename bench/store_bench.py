@@ -1,4 +1,5 @@
-"""Store benchmark: append throughput, bytes per unique token, full-array read speed.
+"""Store benchmark: append throughput, bytes per unique token, full-array read speed, and the
+cost of the hash chain (hashing per call beside the append time; verifying a rollout).
 
     python bench/store_bench.py [--calls 5000] [--concurrency 256] [--no-postgres]
 
@@ -32,6 +33,7 @@ from rolltap.store import (
     ChoiceRecord,
     NewRollout,
     Store,
+    chain,
 )
 from rolltap.store.models import call_table, choice_table
 
@@ -81,6 +83,31 @@ async def append_throughput(url: str, calls: int, concurrency: int) -> tuple[flo
     return calls / elapsed, per_commit
 
 
+def chain_cost(calls: int) -> float:
+    """Microseconds to digest and link one of the append benchmark's records (one thread)."""
+    rng = np.random.default_rng(0)
+    records = [_record("r", rng, rng.integers(0, 49_152, PROMPT)) for _ in range(min(calls, 500))]
+    start = time.perf_counter()
+    prev = chain.GENESIS
+    for r in records:
+        row = {name: getattr(r, name, None) for name in chain.CALL_FIELDS}
+        row |= {"id": "c", "prompt_tokens": PROMPT, "completion_tokens": COMPLETION, "n_choices": 1}
+        choices = [
+            {
+                "idx": c.index,
+                "finish_reason": c.finish_reason,
+                "n_tokens": len(c.token_ids),
+                "token_ids": c.token_ids.tobytes(),
+                "logprobs": None if c.logprobs is None else c.logprobs.tobytes(),
+            }
+            for c in r.choices
+        ]
+        prompt = np.asarray(r.prompt_ids, dtype="<i4").tobytes()
+        bodies = [chain.body_digest(b) for b in (r.request_body, None, r.response_body)]
+        prev = chain.link(prev, chain.call_digest(row, prompt, choices, bodies))
+    return (time.perf_counter() - start) / len(records) * 1e6
+
+
 async def growing_rollout(url: str) -> tuple[int, int, int, float]:
     """(unique tokens, payload bytes, calls, tokens/s read) for a 50-turn rollout to 32k."""
     store = await Store.connect(url)
@@ -127,6 +154,10 @@ async def growing_rollout(url: str) -> tuple[int, int, int, float]:
         tokens += sum(len(t.prompt_ids) + len(t.choices[0].token_ids) for t in arrays.values())
         reads += 1
     rate = tokens / (time.perf_counter() - start)
+    start = time.perf_counter()
+    verified = await store.verify_rollout(rollout)
+    assert verified.ok, verified.issues
+    print(f"    verify_rollout of it: {(time.perf_counter() - start) * 1000:.0f} ms")
     await store.close()
     return unique, payload, turns, rate
 
@@ -186,6 +217,9 @@ async def main() -> None:
                     f"  {name:<10} {statistics.median(rates):8.0f} calls/s (median of 3; "
                     f"{per_commit:.0f} calls per commit)"
                 )
+                cost = chain_cost(args.calls)
+                share = cost / (1e6 / statistics.median(rates))
+                print(f"             hash chain: {cost:.0f} us per call, {share:.0%} of its append")
             print("50-turn rollout growing to 32k tokens (ids + logprobs):")
             grow_file = Path(tmp) / "grow.sqlite"
             targets[0] = ("SQLite", f"sqlite:///{grow_file}")

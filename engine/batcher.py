@@ -10,6 +10,13 @@ With prefix caching on, a prefill starts after the longest prefix of its prompt 
 cache holds (copied in, never recomputed); every finished prefill adds its prompt, and every row
 that leaves the batch (finished or cancelled) adds the ids whose keys/values it computed: the
 prompt and every sampled token but the last, which was never fed back.
+
+A weight update is a command like the others, so it never races a forward pass: from the moment
+it arrives no new prefill starts (requests that arrive or wait are held), rows still decoding
+either finish (the default) or end at once with finish_reason "abort"; once no row runs, the new
+weights are copied in, the prefix cache (keys/values of the old weights) is emptied, held
+requests restart their prefill from scratch, and the weights' label changes. Every token event
+carries the label of the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ import os
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 from transformers.cache_utils import Cache
 
 from rolltap.engine.detok import TextStream
-from rolltap.engine.generation import Failure, GenerationRequest, Sink, TokenEvent
+from rolltap.engine.generation import Aborted, Failure, GenerationRequest, Sink, TokenEvent
 from rolltap.engine.kvcache import BatchCache, columns, join, keep, new_cache
 from rolltap.engine.model import LoadedModel
 from rolltap.engine.params import LogprobsMode
@@ -55,6 +63,9 @@ class BatcherStats:
     requests_submitted: int = 0
     requests_finished: int = 0
     requests_cancelled: int = 0
+    requests_aborted: int = 0
+    """Requests ended with finish_reason "abort" (weight updates, abort-all)."""
+    weight_updates: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
     decode_steps: int = 0
@@ -116,13 +127,45 @@ class _Cancel:
     ticket: int
 
 
+@dataclass(frozen=True)
+class UpdateOutcome:
+    weight_version: str
+    """The label in force after the update (unchanged when it failed)."""
+    paused: int
+    """Requests held while the update waited or ran; they run on the new weights."""
+    aborted: int
+    """Requests ended with finish_reason "abort" to let the update in."""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Update:
+    apply: Callable[[], None]
+    """Copies the new weights into the model; runs on the scheduler thread, between steps."""
+    weight_version: str | None
+    abort: bool
+    flush_cache: bool
+    done: Callable[[UpdateOutcome], None]
+
+
+@dataclass(frozen=True)
+class _AbortAll:
+    pass
+
+
 _STOP = object()
 
 
 class Batcher:
     """Owns the model's forward passes; thread-safe `submit`/`cancel` from any thread."""
 
-    def __init__(self, lm: LoadedModel, mode: LogprobsMode, config: BatcherConfig) -> None:
+    def __init__(
+        self,
+        lm: LoadedModel,
+        mode: LogprobsMode,
+        config: BatcherConfig,
+        weight_version: str = "default",
+    ) -> None:
         self._lm = lm
         self._mode = mode
         self._config = config
@@ -134,6 +177,9 @@ class Batcher:
         self._rows: list[_Row] = []
         self._batch: BatchCache | None = None
         self._open: dict[int, _Ticket] = {}
+        self._update: _Update | None = None
+        self._aborted_by_update = 0
+        self._version = weight_version
         self._thread = threading.Thread(target=self._loop, name="rolltap-batcher", daemon=True)
         cfg = lm.model.config
         self._layers = int(cfg.num_hidden_layers)
@@ -159,6 +205,11 @@ class Batcher:
         size = torch.empty(0, dtype=self._lm.model.dtype).element_size()
         return self._layers * 2 * self._kv_heads * self._head_dim * size
 
+    @property
+    def weight_version(self) -> str:
+        """The label of the weights in use (vLLM's and SGLang's `weight_version`)."""
+        return self._version
+
     def start(self) -> None:
         self._thread.start()
 
@@ -176,6 +227,24 @@ class Batcher:
     def cancel(self, ticket: int) -> None:
         """Stop a request's rows (the client went away); no more events are sent for it."""
         self._inbox.put(_Cancel(ticket))
+
+    def update_weights(
+        self,
+        apply: Callable[[], None],
+        done: Callable[[UpdateOutcome], None],
+        *,
+        weight_version: str | None,
+        abort: bool = False,
+        flush_cache: bool = True,
+    ) -> None:
+        """Swap weights between two steps (see the module docstring); `done` is called from the
+        scheduler thread. abort: end running requests with finish_reason "abort" instead of
+        letting them finish first."""
+        self._inbox.put(_Update(apply, weight_version, abort, flush_cache, done))
+
+    def abort_all(self) -> None:
+        """End every running and waiting request now, with finish_reason "abort"."""
+        self._inbox.put(_AbortAll())
 
     def stats(self) -> BatcherStats:
         with self._stats_lock:
@@ -195,9 +264,12 @@ class Batcher:
     def _loop(self) -> None:
         torch.set_num_threads(self._config.threads or max(1, len(os.sched_getaffinity(0)) - 1))
         with torch.inference_mode():
-            while self._take_commands(block=not (self._rows or self._waiting)):
+            while self._take_commands(block=not (self._rows or self._waiting or self._update)):
                 try:
-                    self._prefill()
+                    if self._update is not None and not self._rows:
+                        self._apply_update()
+                    if self._update is None:
+                        self._prefill()
                     if self._rows:
                         self._decode()
                 except Exception as e:
@@ -206,6 +278,10 @@ class Batcher:
                     log.exception("forward pass failed; failing the running requests")
                     self._fail_all(f"engine error: {e}")
         self._fail_all("the engine is shutting down")
+        if self._update is not None:
+            update, self._update = self._update, None
+            outcome = UpdateOutcome(self._version, 0, 0, "the engine is shutting down")
+            update.done(outcome)
 
     def _take_commands(self, block: bool) -> bool:
         """Apply queued submissions and cancellations; False once asked to stop."""
@@ -223,6 +299,60 @@ class Batcher:
                 self._count(requests_submitted=1)
             elif isinstance(command, _Cancel):
                 self._cancel(command.ticket)
+            elif isinstance(command, _AbortAll):
+                self._abort(include_waiting=True)
+            elif isinstance(command, _Update):
+                self._begin_update(command)
+
+    def _begin_update(self, update: _Update) -> None:
+        if self._update is not None:
+            # One at a time: the earlier one has not been applied, and never will be now.
+            replaced = self._update
+            replaced.done(UpdateOutcome(self._version, 0, 0, "replaced by a later update"))
+        self._update = update
+        self._aborted_by_update = self._abort(include_waiting=False) if update.abort else 0
+
+    def _apply_update(self) -> None:
+        """No row runs: copy the weights in, drop keys/values the old weights computed."""
+        update, self._update = self._update, None
+        assert update is not None
+        paused = len(self._waiting)
+        try:
+            update.apply()
+        except Exception as e:
+            log.exception("weight update failed")
+            update.done(UpdateOutcome(self._version, paused, self._aborted_by_update, str(e)))
+            return
+        if update.weight_version is not None:
+            self._version = update.weight_version
+        if update.flush_cache and self._prefix is not None:
+            self._prefix.clear()
+        for pending in self._waiting:
+            # A prefill begun under the old weights starts over under the new ones.
+            pending.offset, pending.cache, pending.logits = 0, None, None
+        self._count(weight_updates=1)
+        update.done(UpdateOutcome(self._version, paused, self._aborted_by_update))
+
+    def _abort(self, *, include_waiting: bool) -> int:
+        """End running rows (and with include_waiting, requests not started) with "abort";
+        returns how many requests were touched."""
+        touched: set[int] = set()
+        for row in self._rows:
+            if not row.finished:
+                row.finished = True
+                row.sink(Aborted(row.index, row.text.finish(), self._version))
+                touched.add(row.ticket)
+                self._close_row(row.ticket)
+        if include_waiting:
+            for pending in self._waiting:
+                for index in range(pending.request.n):
+                    pending.sink(Aborted(index, "", self._version))
+                touched.add(pending.ticket)
+                self._open.pop(pending.ticket, None)
+            self._waiting.clear()
+        self._drop_finished()
+        self._count(requests_aborted=len(touched))
+        return len(touched)
 
     def _cancel(self, ticket: int) -> None:
         state = self._open.pop(ticket, None)
@@ -371,7 +501,16 @@ class Batcher:
             row.finished = True
         self._count(generated_tokens=1)
         row.sink(
-            TokenEvent(row.index, token, sample.logprob, sample.top, text, finish, stop_reason)
+            TokenEvent(
+                row.index,
+                token,
+                sample.logprob,
+                sample.top,
+                text,
+                finish,
+                stop_reason,
+                self._version,
+            )
         )
         if finish is not None:
             self._close_row(row.ticket)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolltap.engine.generation import TokenEvent
+from rolltap.engine.generation import Aborted, RowEvent, TokenEvent
 from rolltap.engine.reasoning import ReasoningStream
 from rolltap.engine.tools import ToolCall, ToolCallStream
 
@@ -43,15 +43,32 @@ class ChoiceOutput:
         self._logprobs = logprobs
         self._as_ids = as_ids
         self.events: list[TokenEvent] = []
+        self._versions: list[tuple[str | None, int, int]] = []
 
-    def record(self, event: TokenEvent) -> None:
-        self.token_ids.append(event.token_id)
+    def record(self, event: RowEvent) -> None:
         self.text += event.text
+        if isinstance(event, Aborted):
+            self.finish_reason, self.stop_reason = "abort", None
+            return
+        self._note_version(event.weight_version)
+        self.token_ids.append(event.token_id)
         if self._logprobs:
             self.events.append(event)
         if event.finish_reason is not None:
             self.finish_reason = event.finish_reason
             self.stop_reason = event.stop_reason
+
+    def _note_version(self, version: str | None) -> None:
+        n = len(self.token_ids)
+        if self._versions and self._versions[-1][0] == version:
+            label, start, _ = self._versions[-1]
+            self._versions[-1] = (label, start, n + 1)
+        else:
+            self._versions.append((version, n, n + 1))
+
+    def weight_versions(self) -> list[dict[str, Any]]:
+        """vLLM's `weight_versions`: one {version, start, end} span per label over the output."""
+        return [{"version": v, "start": a, "end": b} for v, a, b in self._versions]
 
     def _token(self, token_id: int) -> str:
         return f"token_id:{token_id}" if self._as_ids else self._token_text(token_id)
@@ -114,12 +131,12 @@ class ChatChoice(ChoiceOutput):
         self._tools = tools
         self.message = ChatDelta()
 
-    def feed(self, event: TokenEvent) -> ChatDelta:
+    def feed(self, event: RowEvent) -> ChatDelta:
         """Record the event; return what it adds to the message."""
         self.record(event)
         delta = ChatDelta()
         self._split(event.text, delta, final=False)
-        if event.finish_reason is not None:
+        if self.finish_reason is not None:
             self._split("", delta, final=True)
             if self.message.tool_calls and self.finish_reason == "stop":
                 self.finish_reason = "tool_calls"

@@ -12,7 +12,7 @@ from typing import Any
 from rolltap.engine.batcher import Batcher
 from rolltap.engine.chat import ChatRenderer
 from rolltap.engine.errors import BadRequest, EngineError
-from rolltap.engine.generation import Event, Failure, GenerationRequest, TokenEvent
+from rolltap.engine.generation import Aborted, Event, Failure, GenerationRequest, RowEvent
 from rolltap.engine.model import LoadedModel
 
 
@@ -92,8 +92,9 @@ class Engine:
 
     async def generate(
         self, requests: list[GenerationRequest]
-    ) -> AsyncGenerator[tuple[int, TokenEvent], None]:
-        """Run requests together; yields (request position, event) as tokens are sampled.
+    ) -> AsyncGenerator[tuple[int, RowEvent], None]:
+        """Run requests together; yields (request position, event) as tokens are sampled, and
+        an `Aborted` event for a choice ended early by a weight update.
 
         Closing the iterator early (a client went away) cancels whatever is still running.
         """
@@ -116,7 +117,7 @@ class Engine:
                 if isinstance(event, Failure):
                     open_rows[position] = 0
                     raise GenerationFailed(event.message)
-                if event.finish_reason is not None:
+                if isinstance(event, Aborted) or event.finish_reason is not None:
                     open_rows[position] -= 1
                 yield position, event
         finally:

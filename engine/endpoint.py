@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -20,6 +21,8 @@ class EngineSlot:
     served_name: str
     engine: Engine | None = None
     started: float = 0.0
+    weights_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a weight update from reading the files to the swap: one at a time."""
 
 
 SLOT = web.AppKey("slot", EngineSlot)

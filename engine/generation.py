@@ -34,6 +34,23 @@ class TokenEvent:
     text: str
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    weight_version: str | None = None
+    """The label of the weights that sampled this token."""
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """Choice `index` was stopped before it finished (a weight update with `abort_all_requests`):
+    what was sampled stands, and the choice ends with finish_reason "abort"."""
+
+    index: int
+    text: str
+    """Text the choice's detokenizer still held back, released now."""
+    weight_version: str | None = None
+
+
+RowEvent = TokenEvent | Aborted
+"""What a route gets per choice: a sampled token, or the end of an aborted choice."""
 
 
 @dataclass(frozen=True)
@@ -43,5 +60,5 @@ class Failure:
     message: str
 
 
-Event = TokenEvent | Failure
+Event = TokenEvent | Aborted | Failure
 Sink = Callable[[Event], None]

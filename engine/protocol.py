@@ -138,6 +138,8 @@ class Generation:
     logprobs: bool
     return_token_ids: bool
     return_tokens_as_token_ids: bool
+    return_weight_versions: bool
+    """vLLM's opt-in `weight_versions`: per choice, {version, start, end} spans of its output."""
     request_id: str | None
     cache_salt: str | None
     """vLLM's prefix-cache salt: only requests with the same salt share cached prefixes."""
@@ -219,6 +221,7 @@ def parse_generation(f: Fields, *, chat: bool) -> Generation:
         logprobs=logprobs,
         return_token_ids=f.boolean("return_token_ids", False),
         return_tokens_as_token_ids=f.boolean("return_tokens_as_token_ids", False),
+        return_weight_versions=f.boolean("return_weight_versions", False),
         request_id=f.string("request_id"),
         cache_salt=cache_salt,
     )

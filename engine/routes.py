@@ -14,7 +14,7 @@ from rolltap.engine.choices import ChatChoice, ChoiceOutput
 from rolltap.engine.core import Engine, GenerationFailed
 from rolltap.engine.endpoint import check_model, json_response, read_json, ready_engine, request_id
 from rolltap.engine.errors import BadRequest
-from rolltap.engine.generation import GenerationRequest, TokenEvent
+from rolltap.engine.generation import GenerationRequest, RowEvent, TokenEvent
 from rolltap.engine.protocol import ChatRequest, Generation, parse_chat, parse_completion
 from rolltap.engine.reasoning import ReasoningStream, prompt_opens_reasoning
 from rolltap.engine.tools import ToolCallStream
@@ -35,6 +35,11 @@ def _generation_request(engine: Engine, g: Generation, prompt_ids: list[int]) ->
         skip_special_tokens=g.skip_special_tokens,
         cache_salt=g.cache_salt,
     )
+
+
+def _sampled(event: RowEvent) -> list[TokenEvent]:
+    """The event as a list of sampled tokens: an aborted choice's last event samples none."""
+    return [event] if isinstance(event, TokenEvent) else []
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -74,7 +79,7 @@ class _Sse:
 @contextlib.asynccontextmanager
 async def _events(
     engine: Engine, requests: list[GenerationRequest]
-) -> AsyncIterator[AsyncGenerator[tuple[int, TokenEvent], None]]:
+) -> AsyncIterator[AsyncGenerator[tuple[int, RowEvent], None]]:
     # aclosing: a client that disconnects closes the generator, which cancels its rows.
     async with contextlib.aclosing(engine.generate(requests)) as events:
         yield events
@@ -148,6 +153,8 @@ def _chat_choice_body(choice: ChatChoice, g: Generation) -> dict[str, Any]:
     }
     if g.return_token_ids:
         body["token_ids"] = choice.token_ids
+    if g.return_weight_versions:
+        body["weight_versions"] = choice.weight_versions()
     return body
 
 
@@ -192,20 +199,22 @@ async def _stream_chat(
                         for k, call in enumerate(delta.tool_calls)
                     ]
                     calls_sent[choice.index] += len(delta.tool_calls)
-                finished = event.finish_reason is not None
+                finished = choice.finish_reason is not None
                 # A chunk per sampled token when ids or logprobs are on, so none goes missing.
                 if not (body or finished or g.return_token_ids or g.logprobs):
                     continue
                 part: dict[str, Any] = {
                     "index": choice.index,
                     "delta": body,
-                    "logprobs": choice.chat_logprobs([event]),
+                    "logprobs": choice.chat_logprobs(_sampled(event)),
                     "finish_reason": choice.finish_reason if finished else None,
                 }
                 if finished:
                     part["stop_reason"] = choice.stop_reason
+                    if g.return_weight_versions:
+                        part["weight_versions"] = choice.weight_versions()
                 if g.return_token_ids:
-                    part["token_ids"] = [event.token_id]
+                    part["token_ids"] = [e.token_id for e in _sampled(event)]
                 await sse.send({**frame, "choices": [part], **usage})
     except GenerationFailed as e:
         return await sse.fail(e)
@@ -271,6 +280,8 @@ def _completion_choice_body(
     if g.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
         body["token_ids"] = choice.token_ids
+    if g.return_weight_versions:
+        body["weight_versions"] = choice.weight_versions()
     return body
 
 
@@ -294,17 +305,20 @@ async def _stream_completion(
                 choice = choices[position * g.n + event.index]
                 offset = len(choice.text)
                 choice.record(event)
-                finished = event.finish_reason is not None
+                finished = choice.finish_reason is not None
                 part: dict[str, Any] = {
                     "index": choice.index,
                     "text": event.text,
-                    "logprobs": choice.completion_logprobs([event], offset),
-                    "finish_reason": event.finish_reason,
-                    "stop_reason": event.stop_reason if finished else None,
+                    "logprobs": choice.completion_logprobs(_sampled(event), offset),
+                    "finish_reason": choice.finish_reason,
+                    "stop_reason": choice.stop_reason if finished else None,
                 }
+                if finished and g.return_weight_versions:
+                    part["weight_versions"] = choice.weight_versions()
                 if g.return_token_ids:
-                    part["token_ids"] = [event.token_id]
-                    if len(choice.token_ids) == 1:
+                    sampled = _sampled(event)
+                    part["token_ids"] = [e.token_id for e in sampled]
+                    if sampled and len(choice.token_ids) == 1:
                         part["prompt_token_ids"] = generations[position].prompt_ids
                 await sse.send({**frame, "choices": [part], **usage})
     except GenerationFailed as e:

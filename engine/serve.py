@@ -55,6 +55,8 @@ class ServeConfig:
     max_body: int = 64 * 1024 * 1024
     """Largest request body in bytes; larger ones get 413."""
     gguf_cache: bool = True
+    weight_version: str = "default"
+    """The label of the weights loaded at start (vLLM's and SGLang's default is "default")."""
     ready_file: Path | None = None
     """Where to write {"url", "port", "model", "pid"} once ready (how launch.py learns port 0)."""
     parent_fd: int | None = None
@@ -121,7 +123,7 @@ def _build_engine(config: ServeConfig, source: ModelSource, template: str | None
         threads=config.threads,
         prefix_cache_tokens=config.prefix_cache_tokens,
     )
-    batcher = Batcher(lm, config.logprobs_mode, batcher_config)
+    batcher = Batcher(lm, config.logprobs_mode, batcher_config, config.weight_version)
     batcher.start()
     _warm_up(lm, batcher)
     log.info("model loaded and warmed up in %.1fs", time.monotonic() - started)
@@ -153,7 +155,7 @@ def _log_settings(lm: LoadedModel, batcher: Batcher, limits: OutputLimits) -> No
 
 def _warm_up(lm: LoadedModel, batcher: Batcher) -> None:
     """Two rows through prefill, join, decode and leave, so no client pays for first use."""
-    from rolltap.engine.generation import Event, Failure, GenerationRequest
+    from rolltap.engine.generation import Aborted, Event, Failure, GenerationRequest
     from rolltap.engine.params import SamplingParams
 
     done = threading.Event()
@@ -164,7 +166,7 @@ def _warm_up(lm: LoadedModel, batcher: Batcher) -> None:
         if isinstance(event, Failure):
             failures.append(event.message)
             done.set()
-        elif event.finish_reason is not None:
+        elif isinstance(event, Aborted) or event.finish_reason is not None:
             open_rows[0] -= 1
             if open_rows[0] == 0:
                 done.set()

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from rolltap import __version__
-from rolltap.engine import routes
+from rolltap.engine import control, routes
 from rolltap.engine.core import GenerationFailed
 from rolltap.engine.endpoint import (
     SLOT,
@@ -35,6 +35,7 @@ def make_app(slot: EngineSlot, max_body: int = DEFAULT_MAX_BODY) -> web.Applicat
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/stats", stats)
+    control.add_routes(app)
     return app
 
 
@@ -99,6 +100,7 @@ async def stats(request: web.Request) -> web.Response:
         "default_max_tokens": engine.limits.default_max_tokens,
         "max_tokens_cap": engine.limits.max_tokens_cap,
     }
+    body["weight_version"] = engine.batcher.weight_version
     return json_response({"model": engine.name, "settings": settings, **body})
 
 

@@ -1,11 +1,16 @@
 """The admin API: rollouts, backends, pause/resume around weight updates, status.
 
-Protected by `Authorization: Bearer <admin token>` when the proxy has one (ROLLTAP_ADMIN_TOKEN).
+Protected by `Authorization: Bearer <admin token>` when the proxy has one (ROLLTAP_ADMIN_TOKEN),
+as is /metrics, and so are the trainer-facing routes under /v1/weights (proxy/weights.py)
+and /v1/batches (the rollout service, rolltap.runner.service). A proxy listening beyond
+loopback must have one (`check_exposure`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import ipaddress
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -17,7 +22,7 @@ from rolltap.proxy.backends import parse_backend
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, NotFoundError, ProxyError, Unauthorized
 from rolltap.store import NewRollout, NotFound, RolloutView
-from rolltap.store.export import rollout_trajectory_json
+from rolltap.store.export import rollout_dict
 from rolltap.store.store import FINAL_STATUSES
 
 _NEW_ROLLOUT_FIELDS = {
@@ -32,9 +37,11 @@ _NEW_ROLLOUT_FIELDS = {
     "meta": dict,
 }
 _UPDATE_FIELDS = {"status", "reward", "reward_details", "error", "meta"}
+ADMIN_PATHS = ("/admin", "/v1/weights", "/v1/batches")
+"""Path prefixes that need the admin token; the rest of /v1 takes rollout keys."""
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
+def respond(data: Any, status: int = 200) -> web.Response:
     return web.Response(
         body=orjson.dumps(data, default=_default), status=status, content_type="application/json"
     )
@@ -46,6 +53,35 @@ def _default(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
+class ExposedWithoutToken(ValueError):
+    """A server (the proxy, the viewer) would listen beyond this machine without a token."""
+
+
+def check_exposure(host: str, admin_token: str | None) -> None:
+    """Refuse a non-loopback listening address without an admin token.
+
+    Refused rather than given a generated token: a token printed once ends up in logs and
+    terminal scrollback, and whoever needs it (a trainer, a runner) has to be told it anyway.
+    """
+    if admin_token or is_loopback(host):
+        return
+    raise ExposedWithoutToken(
+        f"refusing to listen on {host or 'every address'} without an admin token (anyone who "
+        "reaches it could create rollouts, add backends, pause the proxy): set "
+        "--admin-token or ROLLTAP_ADMIN_TOKEN, e.g. export ROLLTAP_ADMIN_TOKEN=$(openssl rand "
+        "-hex 32)"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name may resolve to anything: treat it as exposed
+
+
 def _authorize(request: web.Request, ctx: ProxyContext) -> None:
     token = ctx.settings.admin_token
     if not token:
@@ -55,7 +91,7 @@ def _authorize(request: web.Request, ctx: ProxyContext) -> None:
         raise Unauthorized("admin API needs the admin token", code="invalid_admin_token")
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def read_object(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     if not raw:
         return {}
@@ -80,15 +116,20 @@ def base_url(request: web.Request, key: str) -> str:
 
 @web.middleware
 async def admin_auth(request: web.Request, handler: Any) -> web.StreamResponse:
-    if request.path.startswith("/admin"):
+    if request.path == "/metrics":
+        # Backend URLs and call volumes are the operator's business, not a sandbox's.
         _authorize(request, request.app[CONTEXT])
-    response: web.StreamResponse = await handler(request)
-    return response
+    if not request.path.startswith(ADMIN_PATHS):
+        response: web.StreamResponse = await handler(request)
+        return response
+    _authorize(request, request.app[CONTEXT])
+    # An admin change is finished even if its client hangs up (handlers are cancelled then).
+    return await asyncio.shield(handler(request))
 
 
 async def create_rollout(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    body = await _body(request)
+    body = await read_object(request)
     fields: dict[str, Any] = {}
     for key, value in body.items():
         expected = _NEW_ROLLOUT_FIELDS.get(key)
@@ -103,7 +144,7 @@ async def create_rollout(request: web.Request) -> web.Response:
         if "unique" in str(e).lower():
             raise BadRequest("a rollout with this batch, task and sample already exists") from None
         raise
-    return _json(
+    return respond(
         {"id": created.id, "key": created.key, "base_url": base_url(request, created.key)}, 201
     )
 
@@ -117,13 +158,13 @@ async def get_rollout(request: web.Request) -> web.Response:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
     data = rollout_json(view)
     data["backend"] = ctx.router.assigned(rollout_id)
-    return _json(data)
+    return respond(data)
 
 
 async def update_rollout(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     rollout_id = request.match_info["rollout_id"]
-    body = await _body(request)
+    body = await read_object(request)
     unknown = set(body) - _UPDATE_FIELDS
     if unknown:
         raise BadRequest(f"cannot update {sorted(unknown)}")
@@ -138,7 +179,7 @@ async def update_rollout(request: web.Request) -> web.Response:
         # A finished rollout gets its segments, drift breaks and faithfulness recorded.
         await ctx.store.analyze_rollout(rollout_id)
         ctx.store.forget(rollout_id)
-    return _json(rollout_json(view))
+    return respond(rollout_json(view))
 
 
 async def get_trajectory(request: web.Request) -> web.Response:
@@ -146,15 +187,31 @@ async def get_trajectory(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     rollout_id = request.match_info["rollout_id"]
     try:
-        data = await rollout_trajectory_json(ctx.store, rollout_id)
+        # Assembled on the store's analysis thread, serialized on a worker thread: a big
+        # rollout takes seconds of CPU that must not stall the calls on this loop.
+        built = await ctx.store.rollout_trajectories(rollout_id)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
-    return _json(data)
+    body = await asyncio.to_thread(lambda: orjson.dumps(rollout_dict(built), default=_default))
+    return web.Response(body=body, content_type="application/json")
+
+
+async def get_replay(request: web.Request) -> web.Response:
+    """A replay rollout's report, or an original's latest replay's (store/replay.py)."""
+    ctx = request.app[CONTEXT]
+    rollout_id = request.match_info["rollout_id"]
+    try:
+        report = await ctx.store.replay_report(rollout_id)
+    except NotFound:
+        raise NotFoundError(f"no rollout {rollout_id!r}") from None
+    if report is None:
+        raise NotFoundError(f"rollout {rollout_id!r} has no replay report", code="no_replay")
+    return respond(report.to_json())
 
 
 async def list_backends(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    return _json({"backends": [_backend_json(b) for b in ctx.pool.all()]})
+    return respond({"backends": [_backend_json(b) for b in ctx.pool.all()]})
 
 
 def _backend_json(backend: Any) -> dict[str, Any]:
@@ -169,7 +226,7 @@ def _backend_json(backend: Any) -> dict[str, Any]:
 
 async def add_backend(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    body = await _body(request)
+    body = await read_object(request)
     spec = body.get("url")
     if not isinstance(spec, str):
         raise BadRequest("'url' must be a string", param="url")
@@ -181,18 +238,18 @@ async def add_backend(request: web.Request) -> web.Response:
         raise BadRequest(str(e), param="url") from None
     backend = ctx.pool.add(url, kind)
     await ctx.pool.check_all(ctx.client(), timeout=2.0)
-    return _json(_backend_json(backend), 201)
+    return respond(_backend_json(backend), 201)
 
 
 async def remove_backend(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    url = request.query.get("url") or (await _body(request)).get("url")
+    url = request.query.get("url") or (await read_object(request)).get("url")
     if not isinstance(url, str):
         raise BadRequest("give the backend's url", param="url")
     removed = ctx.pool.remove(url.rstrip("/").removesuffix("/v1"))
     if removed is None:
         raise NotFoundError(f"no backend {url!r}")
-    return _json(_backend_json(removed))
+    return respond(_backend_json(removed))
 
 
 async def pause(request: web.Request) -> web.Response:
@@ -201,27 +258,28 @@ async def pause(request: web.Request) -> web.Response:
     ctx.gate.pause()
     wait = request.query.get("wait")
     drained = await ctx.gate.drained(float(wait)) if wait else ctx.gate.inflight == 0
-    return _json({"paused": True, "drained": drained, "inflight": ctx.gate.inflight})
+    return respond({"paused": True, "drained": drained, "inflight": ctx.gate.inflight})
 
 
 async def resume(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    body = await _body(request)
+    body = await read_object(request)
     version = body.get("weight_version")
     if version is not None and not isinstance(version, str | int):
         raise BadRequest("'weight_version' must be a string", param="weight_version")
     ctx.gate.resume(None if version is None else str(version))
-    return _json({"paused": False, "weight_version": ctx.gate.weight_version})
+    return respond({"paused": False, "weight_version": ctx.gate.weight_version})
 
 
 async def status(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    return _json(
+    return respond(
         {
             "paused": ctx.gate.paused,
             "inflight": ctx.gate.inflight,
             "waiting": ctx.gate.waiting,
             "weight_version": ctx.gate.weight_version,
+            "weight_epoch": ctx.gate.epoch,
             "backends": [_backend_json(b) for b in ctx.pool.all()],
         }
     )
@@ -232,6 +290,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/rollouts/{rollout_id}", get_rollout)
     app.router.add_patch("/admin/rollouts/{rollout_id}", update_rollout)
     app.router.add_get("/admin/rollouts/{rollout_id}/trajectory", get_trajectory)
+    app.router.add_get("/admin/rollouts/{rollout_id}/replay", get_replay)
     app.router.add_get("/admin/backends", list_backends)
     app.router.add_post("/admin/backends", add_backend)
     app.router.add_delete("/admin/backends", remove_backend)
@@ -240,4 +299,14 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/status", status)
 
 
-__all__ = ["ProxyError", "add_routes", "admin_auth"]
+__all__ = [
+    "ADMIN_PATHS",
+    "ExposedWithoutToken",
+    "ProxyError",
+    "add_routes",
+    "admin_auth",
+    "check_exposure",
+    "is_loopback",
+    "read_object",
+    "respond",
+]

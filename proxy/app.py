@@ -5,32 +5,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
 
-from rolltap.proxy import admin, messages_render, responses_render
+from rolltap.proxy import admin, messages_render, responses_render, weights
 from rolltap.proxy.backends import BackendPool, parse_backend
 from rolltap.proxy.chat import chat_completions
 from rolltap.proxy.context import CONTEXT, ProxyContext, ProxySettings
 from rolltap.proxy.errors import UpstreamUnavailable
 from rolltap.proxy.gate import Gate
 from rolltap.proxy.handles import Handles
+from rolltap.proxy.intake import release_at_end
 from rolltap.proxy.messages import count_tokens, hello, messages
-from rolltap.proxy.metrics import Gauge, ProxyMetrics
+from rolltap.proxy.metrics import CONTENT_TYPE, Gauge, ProxyMetrics
 from rolltap.proxy.middleware import errors
 from rolltap.proxy.recall import Recall
 from rolltap.proxy.responses import responses
-from rolltap.proxy.rollouts import Rollouts, request_key
+from rolltap.proxy.rollouts import FOR_SANDBOXES, Rollouts
 from rolltap.proxy.routing import StickyRouter
 from rolltap.proxy.secret import signing_key
-from rolltap.store import CallDialect, Store
+from rolltap.store import CallDialect, Store, StoreState
 
 _MODELS_TTL = 10.0
+_SWEEP_EVERY = 30.0
 
 
 def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
+    admin.check_exposure(settings.host, settings.admin_token)
     pool = BackendPool()
     for spec in settings.backends:
         url, kind = parse_backend(spec)
@@ -71,11 +74,21 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
     return ctx
 
 
-def make_app(ctx: ProxyContext, *, for_sandboxes: bool = False) -> web.Application:
-    """The proxy's routes; `for_sandboxes` leaves out admin and metrics (the unix socket)."""
-    middlewares = [errors] if for_sandboxes else [errors, admin.admin_auth]
+Extension = Callable[[web.Application, ProxyContext], None]
+"""Adds routes to the proxy's TCP app (never the sandboxes' socket): the rollout service."""
+
+
+def make_app(
+    ctx: ProxyContext, *, for_sandboxes: bool = False, extensions: Sequence[Extension] = ()
+) -> web.Application:
+    """The proxy's routes; `for_sandboxes` leaves out admin, metrics and extensions (the unix
+    socket sandboxes reach it by)."""
+    middlewares = [errors, release_at_end]
+    if not for_sandboxes:
+        middlewares.append(admin.admin_auth)
     app = web.Application(middlewares=middlewares, client_max_size=ctx.settings.max_body_bytes)
     app[CONTEXT] = ctx
+    app[FOR_SANDBOXES] = for_sandboxes
     for prefix in ("/r/{key}/v1", "/v1"):
         app.router.add_post(f"{prefix}/chat/completions", chat_completions)
         app.router.add_post(f"{prefix}/responses", responses)
@@ -89,8 +102,35 @@ def make_app(ctx: ProxyContext, *, for_sandboxes: bool = False) -> web.Applicati
     if not for_sandboxes:
         app.router.add_get("/metrics", metrics)
         admin.add_routes(app)
+        weights.add_routes(app)
+        for extend in extensions:
+            extend(app, ctx)
         app.cleanup_ctx.append(_client_session)
+        app.cleanup_ctx.append(_forgetting)
     return app
+
+
+async def _forgetting(app: web.Application) -> AsyncIterator[None]:
+    """Finished rollouts leave the proxy's caches at once; idle ones after a while."""
+    ctx = app[CONTEXT]
+    unsubscribe = ctx.store.on_finished(ctx.release)
+
+    idle = ctx.settings.idle_rollout_seconds
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(min(_SWEEP_EVERY, idle / 2))
+            for rollout_id in ctx.rollouts.sweep(idle):
+                ctx.release(rollout_id)
+
+    sweeper = asyncio.get_running_loop().create_task(sweep())
+    try:
+        yield
+    finally:
+        unsubscribe()
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
@@ -113,7 +153,8 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 async def models(request: web.Request) -> web.Response:
     """The rollout's backend's model list, passed through as it answered."""
     ctx = request.app[CONTEXT]
-    state = await ctx.rollouts.resolve(request_key(request))
+    state = await ctx.rollouts.resolve_request(request)
+    Rollouts.refuse_revoked(state)
     backend = ctx.router.pick(state.id)
     cached = ctx.models_cache.get(backend.url)
     if cached is None or time.monotonic() - cached[0] > _MODELS_TTL:
@@ -131,17 +172,27 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """ok; degraded (serving, with a reason: the store is down, slow or backed up); or 503 when
+    no backend can take a call."""
     ctx = request.app[CONTEXT]
     healthy = len(ctx.pool.healthy())
-    return web.json_response(
-        {"status": "ok" if healthy else "no healthy backend", "healthy_backends": healthy},
-        status=200 if healthy else 503,
-    )
+    store = ctx.store.status()
+    body: dict[str, object] = {
+        "status": "ok",
+        "healthy_backends": healthy,
+        "store": store.state.value,
+        "store_queue": store.queued,
+    }
+    if store.state is not StoreState.OK:
+        body["status"], body["reason"] = "degraded", f"store {store.state.value}: {store.reason}"
+    if not healthy:
+        body["status"], body["reason"] = "no healthy backend", "no backend passes health checks"
+    return web.json_response(body, status=200 if healthy else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition; behind the admin token when the proxy has one (admin.py)."""
     return web.Response(
-        text=request.app[CONTEXT].metrics.render(),
-        content_type="text/plain",
-        headers={"X-Content-Type-Options": "nosniff"},
+        body=request.app[CONTEXT].metrics.render(),
+        headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},
     )

@@ -1,23 +1,25 @@
-"""POST .../v1/chat/completions: relay to the engine, capture ids, record, answer as it did."""
+"""POST .../v1/chat/completions: relay to the engine, capture ids, record, answer as it did.
+
+The call runs through relay.py; `ChatRendering` is how a chat client sees the answer.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from rolltap.proxy.answer import engine_answer
 from rolltap.proxy.assemble import ChatAssembler
-from rolltap.proxy.call import EngineBroke, EngineCall
+from rolltap.proxy.call import Chunk
 from rolltap.proxy.dialect import expect
-from rolltap.proxy.dispatch import engine_call, error_message, write_last
-from rolltap.proxy.errors import BadRequest, ProxyError, Unprocessable, UpstreamFailed
-from rolltap.proxy.exchange import now
-from rolltap.proxy.intake import Intake, admit, intake, link_retry, parse_json_object
+from rolltap.proxy.errors import BadRequest, ProxyError, Unprocessable
+from rolltap.proxy.intake import admit, intake, link_retry, parse_json_object
+from rolltap.proxy.relay import EngineAnswer, relay
 from rolltap.proxy.sse import frame
 from rolltap.proxy.strip import strip, strip_chunk
-from rolltap.store import CallDialect, CallStatus
+from rolltap.store import CallDialect
 
 _UNSUPPORTED = {
     "functions": "legacy 'functions' is not supported; send 'tools'",
@@ -77,69 +79,44 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     exchange.model = body.get("model")
     await admit(taken)
     await link_retry(taken)
-    async with engine_call(taken, body) as call:
-        if call.error is not None:
-            return await _engine_error(taken, call)
-        if exchange.stream:
-            return await _relay_stream(request, taken, call)
-        return await _relay_body(taken, call)
+    call = await engine_answer(taken, body)
+    return await relay(request, taken, call, ChatRendering)
 
 
-async def _engine_error(taken: Intake, call: EngineCall) -> web.Response:
-    """The engine refused the request itself: its own error body reaches the client as sent."""
-    assert call.error is not None
-    exchange = taken.exchange
-    exchange.response_body = call.error.body
-    exchange.fail(CallStatus.FAILED, call.error.status, error_message(call.error.body))
-    await taken.ctx.record(exchange, taken.state)
-    taken.ctx.metrics.errors.inc(kind=f"engine_{call.error.status}")
-    return web.Response(
-        status=call.error.status, body=call.error.body, content_type="application/json"
-    )
+class ChatRendering:
+    """Chat answers go out as the engine sent them, less what rolltap asked for (strip.py)."""
 
+    def __init__(self, call: EngineAnswer) -> None:
+        prepared = call.prepared
+        self._extras = prepared.extras
+        self._client_usage = prepared.usage_chunk_for_client
+        self._choices = int(prepared.body.get("n") or 1)
+        self._finished: set[int] = set()
+        self._assembler = ChatAssembler(keep_logprobs=not self._extras.logprobs)
+        self._held: list[bytes] = []
+        """From the chunk that ends the last choice on: sent once the call is recorded."""
 
-async def _relay_body(taken: Intake, call: EngineCall) -> web.Response:
-    exchange = taken.exchange
-    try:
-        raw, doc = await call.read_body()
-    except EngineBroke as e:
-        exchange.fail(CallStatus.FAILED, 502, f"engine failed while answering: {e}")
-        await taken.ctx.record(exchange, taken.state)
-        raise UpstreamFailed(f"the backend failed while answering: {e}") from None
-    out = strip(raw, doc, call.prepared.extras)
-    exchange.response_body = out
-    exchange.http_status = 200
-    exchange.finished_at = now()
-    await taken.ctx.record(exchange, taken.state)
-    return web.Response(body=out, content_type="application/json")
+    def refused(self, status: int, body: bytes) -> bytes:
+        return body  # the engine's own error body reaches the client as sent
 
+    def whole(self, raw: bytes, doc: dict[str, Any]) -> bytes:
+        return strip(raw, doc, self._extras)
 
-async def _relay_stream(
-    request: web.Request, taken: Intake, call: EngineCall
-) -> web.StreamResponse:
-    exchange = taken.exchange
-    extras = call.prepared.extras
-    assembler = ChatAssembler(keep_logprobs=not extras.logprobs)
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    client_usage = call.prepared.usage_chunk_for_client
-    try:
-        async for batch in call.chunks():
-            out = []
-            for chunk in batch:
-                if rolltap_only(chunk.doc, client_usage):
-                    continue
-                assembler.feed(chunk.doc)
-                out.append(frame(strip_chunk(chunk.raw, chunk.doc, extras)))
-            if out:
-                await response.write(b"".join(out))
-    except EngineBroke as e:
-        exchange.response_body = orjson.dumps(assembler.result())
-        exchange.fail(CallStatus.FAILED, 502, f"engine stream broke: {e}")
-        await taken.ctx.record(exchange, taken.state)
-        taken.ctx.metrics.errors.inc(kind="engine_stream_broke")
+    def feed(self, chunk: Chunk) -> bytes:
+        doc = chunk.doc
+        if rolltap_only(doc, self._client_usage):
+            return b""
+        self._assembler.feed(doc)
+        out = frame(strip_chunk(chunk.raw, doc, self._extras))
+        if self._held or self._ends(doc):
+            self._held.append(out)
+            return b""
+        return out
+
+    def ending(self) -> bytes:
+        return b"".join(self._held) + b"data: [DONE]\n\n"
+
+    def failure(self) -> bytes:
         error = {
             "error": {
                 "message": "the backend failed mid-stream",
@@ -148,21 +125,20 @@ async def _relay_stream(
                 "code": 502,
             }
         }
-        await write_last(response, frame(orjson.dumps(error)))
-        return response
-    except (ConnectionResetError, asyncio.CancelledError):
-        # The client went away: stop the engine and keep what was sampled, marked cancelled.
-        call.close()
-        exchange.response_body = orjson.dumps(assembler.result())
-        exchange.fail(CallStatus.CANCELLED, None, "client disconnected mid-stream")
-        await asyncio.shield(taken.ctx.record(exchange, taken.state))
-        return response
-    exchange.response_body = orjson.dumps(assembler.result())
-    exchange.http_status = 200
-    exchange.finished_at = now()
-    await taken.ctx.record(exchange, taken.state)
-    await write_last(response, b"data: [DONE]\n\n")
-    return response
+        return frame(orjson.dumps(error))
+
+    def recorded(self) -> bytes:
+        return orjson.dumps(self._assembler.result())
+
+    def _ends(self, doc: dict[str, Any]) -> bool:
+        """Whether this chunk ends the answer: the last choice's finish_reason, or usage."""
+        choices = doc.get("choices")
+        if not choices:
+            return "usage" in doc
+        for choice in choices:
+            if choice.get("finish_reason") is not None:
+                self._finished.add(int(choice.get("index") or 0))
+        return len(self._finished) >= self._choices
 
 
 def rolltap_only(doc: dict[str, Any], client_wants_usage: bool) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +18,10 @@ from rolltap.proxy.rollouts import Rollouts, RolloutState
 from rolltap.proxy.routing import StickyRouter
 from rolltap.store import CallStatus, RolloutStatus, Store
 
+if TYPE_CHECKING:
+    # The cassette answers calls, which take this context: imported for types only.
+    from rolltap.proxy.replay import Cassette
+
 log = logging.getLogger("rolltap.proxy")
 
 
@@ -28,6 +33,10 @@ class ProxySettings:
     port: int = 8100
     unix_socket: str | None = None
     """Also listen on this unix socket (sandboxes reach the proxy through it)."""
+    unix_socket_group: int | None = None
+    """The group that may connect to the unix socket besides the proxy's own user: the
+    sandboxes' (mode 0660). None: the proxy's user only (0600). Never anyone else: a key is
+    a bearer token, and the socket is how sandboxes spend it."""
     open_mode: bool = False
     """Create a rollout for an unknown key on first use (local experiments only)."""
     admin_token: str | None = None
@@ -40,6 +49,9 @@ class ProxySettings:
     secret: str | None = field(default=None, repr=False)
     """Signs the references handed to clients (thinking signatures, Responses encrypted_content);
     None keeps a generated one beside the database (proxy/secret.py)."""
+    idle_rollout_seconds: float = 600.0
+    """A rollout that made no call for this long leaves the proxy's memory (it is read from the
+    store again on its next call; finished rollouts leave at once)."""
     max_tokens_cap: int | None = None
     """The most tokens one call may generate: a larger or missing max_tokens is lowered to it in
     the request the engine gets, and the call is noted. Responses/Messages clients see an answer
@@ -57,9 +69,20 @@ class ProxyContext:
     metrics: ProxyMetrics
     recall: Recall
     """Earlier answers of each rollout, for restoring a harness's history (recall.py)."""
+    replay: Cassette | None = None
+    """Set on a proxy that replays a recorded rollout (`rolltap replay`): its calls are
+    answered from the record (rolltap.proxy.replay)."""
     session: aiohttp.ClientSession | None = None
     models_cache: dict[str, tuple[float, bytes]] = field(default_factory=dict)
     """Backend URL -> (fetched at, /v1/models body)."""
+
+    def release(self, rollout_id: str) -> None:
+        """Drop what this proxy keeps in memory about a rollout that finished (or went idle):
+        its state, sticky route, recalled answers and the writer's recent calls."""
+        self.rollouts.forget_rollout(rollout_id)
+        self.router.forget(rollout_id)
+        self.recall.forget(rollout_id)
+        self.store.forget(rollout_id)
 
     def client(self) -> aiohttp.ClientSession:
         assert self.session is not None, "the proxy's HTTP client starts with the app"
@@ -71,12 +94,13 @@ class ProxyContext:
         exchange.call_id = receipt.call_id
         if exchange.body_hash is not None:
             state.remember_body(exchange.body_hash, receipt.call_id, exchange.status.value)
-        if exchange.status is not CallStatus.REJECTED:
-            state.calls += 1
-            state.tokens += exchange.prompt_tokens + exchange.completion_tokens
-        if state.status is RolloutStatus.PENDING and exchange.status is not CallStatus.REJECTED:
+        counted = exchange.status is not CallStatus.REJECTED
+        state.budget.settle(exchange.call_id, counted=counted, tokens=exchange.tokens_used)
+        if state.status is RolloutStatus.PENDING and counted:
             state.status = RolloutStatus.RUNNING
-            await self.store.update_rollout(state.id, status=RolloutStatus.RUNNING)
+            await self.store.update_rollout(
+                state.id, status=RolloutStatus.RUNNING, only_from=[RolloutStatus.PENDING]
+            )
         self.metrics.calls.inc(dialect=exchange.dialect.value, status=exchange.status.value)
         self.metrics.tokens.inc(exchange.prompt_tokens, kind="prompt")
         self.metrics.tokens.inc(exchange.completion_tokens, kind="completion")

@@ -120,9 +120,20 @@ def capture_response(doc: dict[str, Any], captured: Captured) -> None:
             c.logprobs.extend(float(entry["logprob"]) for entry in logprobs["content"])
         if choice.get("finish_reason") is not None:
             c.finish_reason = choice["finish_reason"]
-        versions = choice.get("weight_versions")
-        if isinstance(versions, list) and versions:
-            captured.weight_version = str(versions[-1])
+        version = _last_version(choice.get("weight_versions"))
+        if version is not None:
+            captured.weight_version = version
         meta = choice.get("meta_info")
         if isinstance(meta, dict) and meta.get("weight_version") is not None:
             captured.weight_version = str(meta["weight_version"])
+
+
+def _last_version(spans: object) -> str | None:
+    """The newest label in vLLM's `weight_versions` ([{version, start, end}, ...] per choice, as
+    rolltap's engine also answers) or in a plain list of labels."""
+    if not isinstance(spans, list) or not spans:
+        return None
+    last = spans[-1]
+    if isinstance(last, dict):
+        return None if last.get("version") is None else str(last["version"])
+    return str(last)

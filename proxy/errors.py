@@ -3,11 +3,15 @@
 ProxyError (status, OpenAI type, code)
  ├── BadRequest            400 invalid_request_error: malformed JSON, wrong types, bad values
  ├── Unauthorized          401 authentication_error: no key, or a key of no rollout
- ├── Forbidden             403 permission_error: the rollout is finished or out of budget
+ ├── Forbidden             403 permission_error: the key is revoked, or the rollout is finished
+ │                           or out of budget
  ├── NotFoundError         404 not_found_error: no such route or object
+ ├── Conflict              409 conflict_error: the request clashes with the state it would change
  ├── PayloadTooLarge       413 invalid_request_error: body over the configured limit
  ├── Unprocessable         422 invalid_request_error: a parameter rolltap does not support
  ├── UpstreamUnavailable   503 service_unavailable: no healthy backend could take the call
+ ├── StoreUnavailable      503 service_unavailable + Retry-After: the store cannot take another
+ │                         call's record now (database unreachable, write queue full)
  └── UpstreamFailed        502 upstream_error: the backend failed after answering began
 """
 
@@ -18,6 +22,8 @@ class ProxyError(Exception):
     status = 500
     type = "server_error"
     anthropic_type = "api_error"
+    retry_after: int | None = None
+    """Seconds for a Retry-After header, for errors that pass with time."""
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
         super().__init__(message)
@@ -50,6 +56,12 @@ class NotFoundError(ProxyError):
     anthropic_type = "not_found_error"
 
 
+class Conflict(ProxyError):
+    status = 409
+    type = "conflict_error"
+    anthropic_type = "invalid_request_error"
+
+
 class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
@@ -66,6 +78,16 @@ class UpstreamUnavailable(ProxyError):
     status = 503
     type = "service_unavailable"
     anthropic_type = "overloaded_error"
+
+
+class StoreUnavailable(ProxyError):
+    status = 503
+    type = "service_unavailable"
+    anthropic_type = "overloaded_error"
+
+    def __init__(self, message: str, *, retry_after: int, code: str = "store_unavailable"):
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
 
 
 class UpstreamFailed(ProxyError):

@@ -11,7 +11,14 @@ import numpy as np
 
 from rolltap.proxy.engines import Captured
 from rolltap.proxy.errors import ProxyError
-from rolltap.store import CallDialect, CallRecord, CallStatus, Capture, ChoiceRecord
+from rolltap.store import (
+    CallDialect,
+    CallRecord,
+    CallStatus,
+    Capture,
+    ChoiceRecord,
+    InvalidTokens,
+)
 from rolltap.store.ids import body_hash, new_id
 
 RETRY_HEADER = "x-stainless-retry-count"
@@ -48,9 +55,14 @@ class Exchange:
     error: str | None = None
     usage: dict[str, Any] | None = None
     retry_of: str | None = None
+    resumes: str | None = None
+    """The call whose answer, aborted for a weight update, this one continues."""
     notes: list[str] = field(default_factory=list)
     upstream_done: float | None = None
     """perf_counter() when the engine's answer was complete (for the overhead metric)."""
+    token_allowance: int | None = None
+    """The most tokens each choice may generate under the rollout's token budget (set at
+    admission, proxy/budget.py); the engine's request is lowered to it."""
 
     @functools.cached_property
     def body_hash(self) -> str | None:
@@ -69,8 +81,24 @@ class Exchange:
         self.error = error
         self.finished_at = now()
 
+    def drop_tokens(self, why: str) -> None:
+        """Record the call without its token data (the store refused it), saying why."""
+        self.captured = Captured()
+        self.notes.append(f"token data dropped: {why}")
+
     def to_record(self) -> CallRecord:
-        prompt, choices, capture = self._tokens()
+        """The row to store; InvalidTokens when the captured ids or logprobs are no numbers."""
+        try:
+            prompt, choices, capture = self._tokens()
+        except (ValueError, TypeError) as e:
+            raise InvalidTokens(f"engine token data unreadable: {type(e).__name__}: {e}") from e
+        reported = self.captured.weight_version
+        if self.weight_version and reported and reported != self.weight_version:
+            # The proxy's version is recorded; the engine saying otherwise must not go unseen.
+            self.notes.append(
+                f"the engine reported weight version {reported!r}, the proxy's is "
+                f"{self.weight_version!r}"
+            )
         error = "; ".join([*([self.error] if self.error else []), *self.notes]) or None
         return CallRecord(
             rollout_id=self.rollout_id,
@@ -92,6 +120,7 @@ class Exchange:
             retry_count=self.retry_count,
             body_hash=self.body_hash,
             retry_of=self.retry_of,
+            resumes=self.resumes,
             prompt_ids=prompt,
             choices=choices,
             request_body=self.raw_body,
@@ -122,12 +151,9 @@ class Exchange:
                         f"choice {index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} "
                         "ids; logprobs dropped"
                     )
-            choices.append(
-                ChoiceRecord(
-                    index, np.asarray(c.token_ids, dtype=np.int64), logprobs, c.finish_reason
-                )
-            )
-        return np.asarray(captured.prompt_ids, dtype=np.int64), choices, Capture.TOKENS
+            # No dtype: ids that are not integers keep their own type and the store refuses them.
+            choices.append(ChoiceRecord(index, np.asarray(c.token_ids), logprobs, c.finish_reason))
+        return np.asarray(captured.prompt_ids), choices, Capture.TOKENS
 
     @property
     def completion_tokens(self) -> int:
@@ -136,3 +162,15 @@ class Exchange:
     @property
     def prompt_tokens(self) -> int:
         return len(self.captured.prompt_ids or ())
+
+    @property
+    def tokens_used(self) -> int:
+        """Prompt + completion as the store counts them: the ids, else the engine's usage."""
+        usage = self.usage or {}
+        prompt = self.prompt_tokens or int(
+            usage.get("prompt_tokens") or usage.get("input_tokens") or 0
+        )
+        completion = self.completion_tokens or int(
+            usage.get("completion_tokens") or usage.get("output_tokens") or 0
+        )
+        return prompt + completion

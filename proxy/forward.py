@@ -75,6 +75,13 @@ async def open_upstream(
             last_error = f"{backend.url}: {type(e).__name__}"
             log.warning("backend %s failed before answering (%s); failing over", backend.url, e)
             continue
+        except BaseException:
+            # The client left while the engine worked on the request (a whole answer arrives
+            # with its headers): aiohttp has closed the connection, which stops the engine.
+            backend.inflight -= 1
+            exchange.backend = backend.url
+            exchange.engine_request = engine_request
+            raise
         if response.status in _RETRY_ELSEWHERE:
             response.close()
             backend.inflight -= 1

@@ -12,8 +12,10 @@ from aiohttp import web
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, PayloadTooLarge, ProxyError
 from rolltap.proxy.exchange import PURPOSE_HEADERS, RETRY_HEADER, Exchange, now
-from rolltap.proxy.rollouts import Rollouts, RolloutState, request_key
+from rolltap.proxy.middleware import Handler, store_unavailable
+from rolltap.proxy.rollouts import Rollouts, RolloutState
 from rolltap.store import CallDialect, CallStatus, RolloutStatus
+from rolltap.store.store import FINAL_STATUSES
 
 
 @dataclass
@@ -21,6 +23,14 @@ class Intake:
     ctx: ProxyContext
     state: RolloutState
     exchange: Exchange
+    reserved: bool = False
+    """The call holds a budget reservation, settled by its record or released at the end."""
+
+    def release(self) -> None:
+        """The request is over: a reservation its record did not settle is given back."""
+        if self.reserved:
+            self.state.budget.release(self.exchange.call_id)
+            self.reserved = False
 
     async def reject(self, error: ProxyError) -> ProxyError:
         """Record the refused request (one row per request received), then hand the error back."""
@@ -30,11 +40,31 @@ class Intake:
         return error
 
 
+INTAKE = web.RequestKey("rolltap_intake", Intake)
+
+
+@web.middleware
+async def release_at_end(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Whatever way a request ends, a budget reservation its record did not settle goes back."""
+    try:
+        return await handler(request)
+    finally:
+        taken = request.get(INTAKE)
+        if taken is not None:
+            taken.release()
+
+
 async def intake(request: web.Request, dialect: CallDialect) -> Intake:
     ctx = request.app[CONTEXT]
     received = now()
     # An unknown key answers 401 and is never attributed to any rollout.
-    state = await ctx.rollouts.resolve(request_key(request))
+    state = await ctx.rollouts.resolve_request(request)
+    if not ctx.store.accepting():
+        # Refused before anything reaches an engine, so no sampled tokens wait on a full queue.
+        # Not recorded: that record would need the very queue that is full (metrics count it).
+        status = ctx.store.status()
+        ctx.metrics.errors.inc(kind="store_unavailable")
+        raise store_unavailable(status.reason, status)
     exchange = Exchange(state.id, dialect, received, raw_body=None)
     exchange.retry_count = _int_header(request, RETRY_HEADER)
     for header in PURPOSE_HEADERS:
@@ -42,6 +72,7 @@ async def intake(request: web.Request, dialect: CallDialect) -> Intake:
             exchange.purpose = request.headers[header][:40]
             break
     taken = Intake(ctx, state, exchange)
+    request[INTAKE] = taken
     try:
         exchange.raw_body = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -65,17 +96,52 @@ def parse_json_object(raw: bytes | None) -> dict[str, Any]:
 
 
 async def admit(taken: Intake) -> None:
-    """Budgets and finished rollouts; a spent budget ends the rollout with its own status."""
-    state = taken.state
+    """Finished rollouts and budgets (proxy/budget.py); a spent budget ends the rollout with its
+    own status, whether it was running or had not started yet."""
+    state, exchange = taken.state, taken.exchange
+    asked, n = _generation_limit(exchange, taken.ctx.settings.max_tokens_cap)
     try:
-        Rollouts.admit(state)
+        while True:
+            Rollouts.admit(state)
+            admission = state.budget.try_reserve(
+                state.id, exchange.call_id, asked, n, prompt_estimate=len(exchange.raw_body or b"")
+            )
+            if admission is not None:
+                break
+            # Only the reservations of calls in flight stand in the way: wait for one to settle.
+            await state.budget.settled()
     except ProxyError as e:
-        if taken.ctx.rollouts.budget_exhausted(state) and state.status is RolloutStatus.RUNNING:
+        if e.code == "rollout_budget_exceeded" and state.status not in FINAL_STATUSES:
             state.status = RolloutStatus.BUDGET_EXCEEDED
             await taken.ctx.store.update_rollout(
-                state.id, status=RolloutStatus.BUDGET_EXCEEDED, error=e.message
+                state.id,
+                status=RolloutStatus.BUDGET_EXCEEDED,
+                error=e.message,
+                only_from=[RolloutStatus.PENDING, RolloutStatus.RUNNING],
             )
         raise await taken.reject(e) from None
+    taken.reserved = True
+    exchange.token_allowance = admission.allowance
+
+
+# Where each dialect's request says how many tokens it may generate (and how many choices).
+_LIMIT_KEYS = {
+    CallDialect.CHAT: ("max_completion_tokens", "max_tokens"),
+    CallDialect.RESPONSES: ("max_output_tokens",),
+    CallDialect.MESSAGES: ("max_tokens",),
+}
+
+
+def _generation_limit(exchange: Exchange, cap: int | None) -> tuple[int | None, int]:
+    """(tokens per choice the call may generate, choices) as the engine will be asked."""
+    body = exchange.body or {}
+    asked = next(
+        (body[k] for k in _LIMIT_KEYS[exchange.dialect] if isinstance(body.get(k), int)), None
+    )
+    if cap is not None:
+        asked = cap if asked is None else min(asked, cap)
+    n = body.get("n") if exchange.dialect is CallDialect.CHAT else None
+    return asked, n if isinstance(n, int) and n > 0 else 1
 
 
 async def link_retry(taken: Intake) -> None:

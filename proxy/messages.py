@@ -2,8 +2,9 @@
 
 count_tokens renders the request as the engine would see it: the translated chat messages and
 tools go to the backend's `/tokenize` (vLLM's dialect; rolltap's engine has it), and its count is
-the answer. A backend without it (plain OpenAI-compatible, or one that refuses) gets an estimate:
-a quarter of the UTF-8 bytes of the translated messages and tools, at least 1.
+the answer. A backend without it (plain OpenAI-compatible, or one that refuses), or no backend
+at all (a replaying proxy), gets an estimate: a quarter of the UTF-8 bytes of the translated
+messages and tools, at least 1.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rolltap.proxy.dialect import Answer, ChatPlan
 from rolltap.proxy.engines import EngineKind
 from rolltap.proxy.intake import parse_json_object
 from rolltap.proxy.messages_render import MessagesRenderer
-from rolltap.proxy.rollouts import request_key
+from rolltap.proxy.rollouts import Rollouts
 from rolltap.proxy.translated import chat_request, serve
 from rolltap.store import CallDialect
 
@@ -48,13 +49,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     """Not an LLM call: answered, never recorded, counted against no budget."""
     ctx = request.app[CONTEXT]
-    state = await ctx.rollouts.resolve(request_key(request))
+    state = await ctx.rollouts.resolve_request(request)
+    Rollouts.refuse_revoked(state)
     plan = messages_request.plan(parse_json_object(await request.read()), counting=True)
     chat = await chat_request(ctx, state.id, plan)
     probe: dict[str, Any] = {k: chat[k] for k in ("model", "messages", "tools") if k in chat}
-    backend = ctx.router.pick(state.id)
+    # A replaying proxy may have no engine at all: then the estimate it is.
+    backend = ctx.router.pick(state.id) if ctx.pool.all() else None
     count = None
-    if backend.kind is not EngineKind.OPENAI:
+    if backend is not None and backend.kind is not EngineKind.OPENAI:
         path = "/v1/tokenize" if backend.kind is EngineKind.SGLANG else "/tokenize"
         count = await _tokenize(ctx.client(), backend.endpoint(path), probe)
     if count is None:

@@ -1,70 +1,76 @@
-"""Prometheus text exposition of the proxy's counters, histograms and gauges."""
+"""The proxy's counters, histograms and gauges, exposed by prometheus_client.
+
+Each proxy has its own registry (no process-wide state: several proxies may share a process, as
+tests do). Label values are escaped by the library's exposition code. On the hot path a labelled
+series is looked up once and cached, so counting a call costs a dict lookup and a locked add.
+"""
 
 from __future__ import annotations
 
-import bisect
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import prometheus_client
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
 Labels = tuple[tuple[str, str], ...]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
 
-def _render_labels(labels: Labels, extra: str = "") -> str:
-    parts = [f'{k}="{v}"' for k, v in labels]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+class _Labelled:
+    """A metric's labelled series, created on first use and cached by label values."""
+
+    def __init__(self, metric: Any, labels: tuple[str, ...]) -> None:
+        self._metric = metric
+        self._labels = labels
+        self._series: dict[tuple[str, ...], Any] = {}
+
+    def series(self, labels: dict[str, str]) -> Any:
+        if not self._labels:
+            return self._metric
+        key = tuple(labels[name] for name in self._labels)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = self._metric.labels(*key)
+        return found
 
 
 class Counter:
-    def __init__(self, name: str, help_: str) -> None:
-        self.name, self.help = name, help_
-        self._values: dict[Labels, float] = defaultdict(float)
+    def __init__(
+        self, registry: CollectorRegistry, name: str, help_: str, labels: tuple[str, ...]
+    ) -> None:
+        self.name = name
+        self._registry = registry
+        metric = prometheus_client.Counter(name, help_, labels, registry=registry)
+        self._labelled = _Labelled(metric, labels)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self._values[tuple(sorted(labels.items()))] += amount
+        self._labelled.series(labels).inc(amount)
 
     def value(self, **labels: str) -> float:
-        return self._values.get(tuple(sorted(labels.items())), 0.0)
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} counter"
-        for labels, value in self._values.items():
-            yield f"{self.name}{_render_labels(labels)} {value}"
+        return self._registry.get_sample_value(self.name, labels) or 0.0
 
 
 class Histogram:
-    def __init__(self, name: str, help_: str, buckets: tuple[float, ...]) -> None:
-        self.name, self.help, self.buckets = name, help_, buckets
-        self._counts: dict[Labels, list[int]] = {}
-        self._sums: dict[Labels, float] = defaultdict(float)
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        name: str,
+        help_: str,
+        buckets: tuple[float, ...],
+        labels: tuple[str, ...] = (),
+    ) -> None:
+        metric = prometheus_client.Histogram(
+            name, help_, labels, registry=registry, buckets=buckets
+        )
+        self._labelled = _Labelled(metric, labels)
 
     def observe(self, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        counts = self._counts.get(key)
-        if counts is None:
-            counts = self._counts[key] = [0] * (len(self.buckets) + 1)
-        counts[bisect.bisect_left(self.buckets, value)] += 1
-        self._sums[key] += value
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
-        for labels, counts in self._counts.items():
-            running = 0
-            for bound, count in zip(self.buckets, counts, strict=False):
-                running += count
-                le = _render_labels(labels, f'le="{bound}"')
-                yield f"{self.name}_bucket{le} {running}"
-            running += counts[-1]
-            le = _render_labels(labels, 'le="+Inf"')
-            yield f"{self.name}_bucket{le} {running}"
-            yield f"{self.name}_sum{_render_labels(labels)} {self._sums[labels]}"
-            yield f"{self.name}_count{_render_labels(labels)} {running}"
+        self._labelled.series(labels).observe(value)
 
 
 class Gauge:
@@ -75,46 +81,63 @@ class Gauge:
     ) -> None:
         self.name, self.help, self._read = name, help_, read
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
-        for labels, value in self._read():
-            yield f"{self.name}{_render_labels(labels)} {value}"
+    def family(self) -> GaugeMetricFamily:
+        samples = list(self._read())
+        names = [k for k, _ in samples[0][0]] if samples else []
+        family = GaugeMetricFamily(self.name, self.help, labels=names)
+        for labels, value in samples:
+            family.add_metric([v for _, v in labels], value)
+        return family
+
+
+class _Gauges(Collector):
+    def __init__(self, gauges: list[Gauge]) -> None:
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        for gauge in self._gauges:
+            yield gauge.family()
 
 
 class ProxyMetrics:
     def __init__(self) -> None:
-        self.calls = Counter("rolltap_calls_total", "Calls received, by dialect and outcome.")
-        self.errors = Counter("rolltap_errors_total", "Calls answered with an error, by kind.")
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.calls = Counter(
+            r,
+            "rolltap_calls_total",
+            "Calls received, by dialect and outcome.",
+            ("dialect", "status"),
+        )
+        self.errors = Counter(
+            r, "rolltap_errors_total", "Calls answered with an error, by kind.", ("kind",)
+        )
         self.tokens = Counter(
-            "rolltap_tokens_total", "Tokens recorded, by kind (prompt/completion)."
+            r, "rolltap_tokens_total", "Tokens recorded, by kind (prompt/completion).", ("kind",)
         )
         self.latency = Histogram(
-            "rolltap_call_seconds", "Time from request to last byte.", LATENCY_BUCKETS
+            r,
+            "rolltap_call_seconds",
+            "Time from request to last byte.",
+            LATENCY_BUCKETS,
+            ("dialect",),
         )
         self.overhead = Histogram(
+            r,
             "rolltap_proxy_overhead_seconds",
             "Time spent in the proxy itself: before dispatch and after the engine finished.",
             OVERHEAD_BUCKETS,
+            ("dialect",),
         )
         self.ttft = Histogram(
+            r,
             "rolltap_time_to_first_token_seconds",
             "Streaming: time to first chunk.",
             LATENCY_BUCKETS,
         )
         self.gauges: list[Gauge] = []
+        r.register(_Gauges(self.gauges))
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for metric in (
-            self.calls,
-            self.errors,
-            self.tokens,
-            self.latency,
-            self.overhead,
-            self.ttft,
-        ):
-            lines.extend(metric.render())
-        for gauge in self.gauges:
-            lines.extend(gauge.render())
-        return "\n".join(lines) + "\n"
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return prometheus_client.generate_latest(self.registry)

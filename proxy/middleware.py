@@ -13,7 +13,9 @@ from rolltap.proxy.errors import (
     NotFoundError,
     PayloadTooLarge,
     ProxyError,
+    StoreUnavailable,
 )
+from rolltap.store import DatabaseUnavailable, StoreState, StoreStatus
 
 log = logging.getLogger("rolltap.proxy")
 
@@ -42,10 +44,22 @@ def error_body(error: ProxyError, anthropic: bool) -> bytes:
 
 
 def error_response(error: ProxyError, request: web.Request) -> web.Response:
+    headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
     return web.Response(
         status=error.status,
         body=error_body(error, is_anthropic(request.path)),
         content_type="application/json",
+        headers=headers,
+    )
+
+
+def store_unavailable(reason: str | None, status: StoreStatus | None = None) -> StoreUnavailable:
+    """The 503 for a call the store cannot take now; clients (and the SDKs) retry after."""
+    down = status is None or status.state is StoreState.DOWN
+    return StoreUnavailable(
+        f"the proxy cannot record calls right now ({reason}); retry later",
+        retry_after=5 if down else 1,
+        code="store_unavailable" if down else "store_backlog",
     )
 
 
@@ -67,6 +81,11 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except ProxyError as e:
         return error_response(e, request)
+    except DatabaseUnavailable as e:
+        # A read the request needed, or a write that outlasted the outage limit. The client
+        # (perhaps the policy) is not told where the database is; the log says what failed.
+        log.warning("%s %s: %s", request.method, _path_for_humans(request), e)
+        return error_response(store_unavailable("database unreachable"), request)
     except web.HTTPException as e:
         if e.status < 400:
             raise

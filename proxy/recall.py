@@ -47,13 +47,32 @@ class Recall:
         self._recorded = recorded
         self._max = max_entries
         self._turns: OrderedDict[tuple[str, Handle], EngineTurn] = OrderedDict()
+        self._handles: dict[str, set[Handle]] = {}
+        """Rollout id -> its handles in _turns, to forget a finished rollout at once."""
+
+    def __len__(self) -> int:
+        return len(self._turns)
 
     def remember(self, rollout_id: str, handle: Handle, turn: EngineTurn) -> None:
         key = (rollout_id, handle)
         self._turns[key] = turn
         self._turns.move_to_end(key)
+        self._handles.setdefault(rollout_id, set()).add(handle)
         while len(self._turns) > self._max:
-            self._turns.popitem(last=False)
+            (old_rollout, old_handle), _ = self._turns.popitem(last=False)
+            self._unindex(old_rollout, old_handle)
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop a finished rollout's answers (the store still has them)."""
+        for handle in self._handles.pop(rollout_id, ()):
+            self._turns.pop((rollout_id, handle), None)
+
+    def _unindex(self, rollout_id: str, handle: Handle) -> None:
+        handles = self._handles.get(rollout_id)
+        if handles is not None:
+            handles.discard(handle)
+            if not handles:
+                del self._handles[rollout_id]
 
     async def lookup(self, rollout_id: str, wanted: Iterable[Handle]) -> dict[Handle, EngineTurn]:
         """The answers behind valid handles; an answer that cannot be found is left out."""

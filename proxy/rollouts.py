@@ -4,6 +4,11 @@ The rollout key comes from the base URL (`/r/<key>/v1/...`) or, equally, the cre
 (`Authorization: Bearer <key>` or `x-api-key: <key>`). Keys map to rollouts through the store
 (which holds only hashes); states are cached and re-read every few seconds so a rollout the
 runner finished elsewhere stops taking calls.
+
+A key is revoked when its harness ends (the runner sets `key_revoked_at` in the store and, for a
+proxy in its own process, `revoke` here at once): whatever the agent left behind can make no
+call while the verifier runs. Open mode (a rollout made for an unknown key) applies on the TCP
+listener only, never to requests from sandboxes (the unix socket's app, FOR_SANDBOXES).
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ import asyncio
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
+from rolltap.proxy.budget import Budget
 from rolltap.proxy.errors import Forbidden, Unauthorized
-from rolltap.store import NewRollout, RolloutStatus, RolloutView, Store
+from rolltap.proxy.sampling import rollout_sampling
+from rolltap.store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
 from rolltap.store.ids import hash_key
 from rolltap.store.store import FINAL_STATUSES
 
@@ -25,23 +33,30 @@ from rolltap.store.store import FINAL_STATUSES
 class RolloutState:
     id: str
     status: RolloutStatus
-    max_calls: int | None
-    max_tokens: int | None
-    calls: int
-    tokens: int
+    budget: Budget
     loaded_at: float
+    used_at: float = 0.0
+    """time.monotonic() of the latest request: idle states leave the cache (Rollouts.sweep)."""
     calls_before: int = 0
     """Calls the store held when this process first saw the rollout."""
     refreshing: bool = False
     """A re-read from the store is in flight; other requests use this state meanwhile."""
     bodies: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
     """Request body hash -> (call id, status) of this process's recent calls, for retries."""
+    revoked: bool = False
+    """The harness ended: every later call is refused."""
+    sampling: dict[str, Any] | None = None
+    """Sampling options the rollout's batch imposes on every call (proxy/sampling.py)."""
 
     def remember_body(self, digest: str, call_id: str, status: str, keep: int = 64) -> None:
         self.bodies[digest] = (call_id, status)
         self.bodies.move_to_end(digest)
         if len(self.bodies) > keep:
             self.bodies.popitem(last=False)
+
+
+FOR_SANDBOXES = web.AppKey("rolltap_for_sandboxes", bool)
+"""Set on the app behind the sandboxes' unix socket."""
 
 
 def request_key(request: web.Request) -> str | None:
@@ -64,9 +79,22 @@ class Rollouts:
         self._ttl = ttl
         self._size = size
         self._by_hash: OrderedDict[str, RolloutState] = OrderedDict()
+        """Key hash -> state of rollouts that may still take calls, least recently used first."""
+        self._digests: dict[str, str] = {}
+        """Rollout id -> key hash, to forget a rollout by its id."""
         self._creating: dict[str, asyncio.Lock] = {}
 
-    async def resolve(self, key: str | None) -> RolloutState:
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    async def resolve_request(self, request: web.Request) -> RolloutState:
+        """The request's rollout; on the sandboxes' socket an unknown key is never created."""
+        return await self.resolve(
+            request_key(request), create=not request.app.get(FOR_SANDBOXES, False)
+        )
+
+    async def resolve(self, key: str | None, *, create: bool = True) -> RolloutState:
+        """create: in open mode, make a rollout for an unknown key."""
         if not key:
             raise Unauthorized(
                 "no rollout key: use the base URL http://HOST/r/<key>/v1 or send the key as "
@@ -78,44 +106,87 @@ class Rollouts:
         now = time.monotonic()
         if state is not None and (now - state.loaded_at < self._ttl or state.refreshing):
             self._by_hash.move_to_end(digest)
+            state.used_at = now
             return state
         if state is not None:
             state.refreshing = True
         try:
             view = await self._store.rollout_by_key(key)
+        except DatabaseUnavailable:
+            if state is None:
+                raise
+            # Keep serving from what we know while the database is away; calls still wait for
+            # their records, so nothing is lost, and the next refresh comes a TTL later.
+            state.loaded_at = now
+            return state
         finally:
             if state is not None:
                 state.refreshing = False
-        if view is None and self._open_mode:
+        if view is None and self._open_mode and create:
             view = await self._create(key)
         if view is None:
             raise Unauthorized("unknown rollout key", code="invalid_api_key")
+        counted = view.n_calls - view.n_rejected
+        # Concurrent first requests of a rollout each read it: they must share one state (one
+        # budget), so take the one another request stored meanwhile.
+        state = self._by_hash.get(digest, state)
         if state is None or state.id != view.id:
+            budget = Budget(view.max_calls, view.max_tokens, counted, view.n_tokens)
             state = RolloutState(
                 view.id,
                 view.status,
-                view.max_calls,
-                view.max_tokens,
-                view.n_calls,
-                view.n_tokens,
+                budget,
                 now,
                 calls_before=view.n_calls,
+                sampling=rollout_sampling(view.meta),
             )
         else:
-            # Counters are kept here as calls finish; the store may lag behind them.
-            state.status, state.max_calls, state.max_tokens = (
-                view.status,
-                view.max_calls,
-                view.max_tokens,
-            )
-            state.calls = max(state.calls, view.n_calls)
-            state.tokens = max(state.tokens, view.n_tokens)
+            # Counters are kept here as calls finish; the store may lag behind them, and a read
+            # that began before this process ended the rollout must not undo that.
+            if state.status not in FINAL_STATUSES:
+                state.status = view.status
+            state.budget.max_calls, state.budget.max_tokens = view.max_calls, view.max_tokens
+            state.budget.observe(counted, view.n_tokens)
             state.loaded_at = now
+        state.revoked = state.revoked or view.key_revoked_at is not None
+        state.used_at = now
+        if state.status in FINAL_STATUSES and not state.budget.in_flight:
+            # A finished rollout is refused from this state and not kept: finished rollouts
+            # must not fill the cache (a later call reads the store again).
+            self._drop(digest)
+            return state
         self._by_hash[digest] = state
         self._by_hash.move_to_end(digest)
+        self._digests[state.id] = digest
         if len(self._by_hash) > self._size:
-            self._by_hash.popitem(last=False)
+            self._drop(next(iter(self._by_hash)))
         return state
+
+    def forget_rollout(self, rollout_id: str) -> None:
+        """Drop a finished rollout's state, unless calls are still in flight on it (their
+        budget lives there; the idle sweep drops it later)."""
+        digest = self._digests.get(rollout_id)
+        state = None if digest is None else self._by_hash.get(digest)
+        if digest is not None and (state is None or not state.budget.in_flight):
+            self._drop(digest)
+
+    def sweep(self, idle: float) -> list[str]:
+        """Drop states unused for `idle` seconds (none with calls in flight); their ids."""
+        cutoff = time.monotonic() - idle
+        dropped = []
+        for digest, state in list(self._by_hash.items()):
+            if state.used_at >= cutoff:
+                break  # least recently used first: the rest are newer
+            if state.budget.in_flight:
+                continue
+            self._drop(digest)
+            dropped.append(state.id)
+        return dropped
+
+    def _drop(self, digest: str) -> None:
+        state = self._by_hash.pop(digest, None)
+        if state is not None and self._digests.get(state.id) == digest:
+            del self._digests[state.id]
 
     async def _create(self, key: str) -> RolloutView | None:
         lock = self._creating.setdefault(hash_key(key), asyncio.Lock())
@@ -127,29 +198,31 @@ class Rollouts:
         self._creating.pop(hash_key(key), None)
         return view
 
+    def revoke(self, key: str) -> None:
+        """Refuse the key's calls from now on (the store holds the revocation for other
+        processes; this one need not wait for its next re-read)."""
+        state = self._by_hash.get(hash_key(key))
+        if state is not None:
+            state.revoked = True
+
+    @staticmethod
+    def refuse_revoked(state: RolloutState) -> None:
+        if state.revoked:
+            raise Forbidden(
+                f"rollout {state.id}'s key was revoked when its harness ended; "
+                "calls made after that are refused",
+                code="rollout_key_revoked",
+            )
+
     @staticmethod
     def admit(state: RolloutState) -> None:
-        """Refuse a call of a finished rollout or one whose budget is spent."""
+        """Refuse a call of a revoked key or a finished rollout (budgets: proxy/budget.py)."""
+        Rollouts.refuse_revoked(state)
         if state.status in FINAL_STATUSES:
             raise Forbidden(
                 f"rollout {state.id} is {state.status.value}; it takes no more calls",
                 code="rollout_finished",
             )
-        if state.max_calls is not None and state.calls >= state.max_calls:
-            raise Forbidden(
-                f"rollout {state.id} used its budget of {state.max_calls} calls",
-                code="rollout_budget_exceeded",
-            )
-        if state.max_tokens is not None and state.tokens >= state.max_tokens:
-            raise Forbidden(
-                f"rollout {state.id} used its budget of {state.max_tokens} tokens",
-                code="rollout_budget_exceeded",
-            )
-
-    def budget_exhausted(self, state: RolloutState) -> bool:
-        over_calls = state.max_calls is not None and state.calls >= state.max_calls
-        over_tokens = state.max_tokens is not None and state.tokens >= state.max_tokens
-        return over_calls or over_tokens
 
     def forget(self, key: str) -> None:
-        self._by_hash.pop(hash_key(key), None)
+        self._drop(hash_key(key))

@@ -53,6 +53,9 @@ class StickyRouter:
     def forget(self, rollout_id: str) -> None:
         self._assigned.pop(rollout_id, None)
 
+    def __len__(self) -> int:
+        return len(self._assigned)
+
     def _bounded_hash(self, rollout_id: str, exclude: frozenset[str]) -> Backend:
         if self._ring_version != self._pool.version:
             self._ring = sorted(

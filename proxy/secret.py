@@ -10,7 +10,9 @@ still be understood. Where it comes from, first match wins:
    database as `<database file>.secret`, otherwise (PostgreSQL) in the user's rolltap data
    directory as `proxy.secret`.
 
-Only the key derived from it is kept in memory; neither is ever logged.
+Only keys derived from it are kept in memory; neither is ever logged. Each use derives its own
+key under its own context (handles, signed exports), so a signature of one kind never passes for
+another.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import platformdirs
 from rolltap.store.url import DatabaseURL
 
 _CONTEXT = b"rolltap proxy handles v1\0"
+_EXPORTS = b"rolltap export signatures v1\0"
 
 
 def secret_path(db_url: DatabaseURL) -> Path:
@@ -39,6 +42,20 @@ def signing_key(configured: str | None, db_url: DatabaseURL) -> bytes:
     """The HMAC key: from the configured secret, else from the persisted one."""
     material = configured.encode() if configured else _persisted(secret_path(db_url))
     return hashlib.sha256(_CONTEXT + material).digest()
+
+
+def export_key(configured: str | None, db_url: DatabaseURL, *, create: bool = True) -> bytes | None:
+    """The HMAC key of signed exports (`rolltap export --sign`); None when no secret is
+    configured and none is kept yet, and `create` is False (checking a signature must not make
+    up a secret it could never match)."""
+    if configured:
+        material = configured.encode()
+    else:
+        path = secret_path(db_url)
+        if not create and not path.exists():
+            return None
+        material = _persisted(path)
+    return hashlib.sha256(_EXPORTS + material).digest()
 
 
 def _persisted(path: Path) -> bytes:

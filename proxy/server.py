@@ -9,12 +9,12 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from rolltap.proxy.app import make_app, make_context
+from rolltap.proxy.app import Extension, make_app, make_context
 from rolltap.proxy.context import ProxyContext, ProxySettings
 from rolltap.store import Store
 
@@ -33,10 +33,15 @@ class RunningProxy:
             await runner.cleanup()
 
 
-async def start_proxy(settings: ProxySettings, store: Store) -> RunningProxy:
-    """Start listening; the caller owns the store and must `stop()` before closing it."""
+async def start_proxy(
+    settings: ProxySettings, store: Store, extensions: Sequence[Extension] = ()
+) -> RunningProxy:
+    """Start listening; the caller owns the store and must `stop()` before closing it.
+    `extensions` add routes to the TCP app (the rollout service of `serve --runner`)."""
     ctx = make_context(settings, store)
-    runner = web.AppRunner(make_app(ctx), access_log=None, handle_signals=False)
+    app = make_app(ctx, extensions=extensions)
+    # A client that hangs up cancels its handler, which aborts the engine request (relay.py).
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, backlog=4096, reuse_address=True)
     await site.start()
@@ -44,16 +49,29 @@ async def start_proxy(settings: ProxySettings, store: Store) -> RunningProxy:
     port = runner.addresses[0][1] if runner.addresses else settings.port
     if settings.unix_socket:
         sandbox_runner = web.AppRunner(
-            make_app(ctx, for_sandboxes=True), access_log=None, handle_signals=False
+            make_app(ctx, for_sandboxes=True),
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
         )
         await sandbox_runner.setup()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(settings.unix_socket)
         await web.UnixSite(sandbox_runner, settings.unix_socket, backlog=4096).start()
-        # Sandboxes may run as another uid; the rollout key, not the file mode, is the guard.
-        os.chmod(settings.unix_socket, 0o666)
+        restrict_socket(settings.unix_socket, settings.unix_socket_group)
         runners.append(sandbox_runner)
     return RunningProxy(f"http://{settings.host}:{port}", settings.unix_socket, ctx, runners)
+
+
+def restrict_socket(path: str, group: int | None) -> None:
+    """Only the proxy's user and `group` (the sandboxes') may connect. Until this runs the
+    socket has the umask's mode: put it in a directory only this user can enter, and open the
+    directory afterwards (runner/host.py does)."""
+    if group is None:
+        os.chmod(path, 0o600)
+        return
+    os.chown(path, -1, group)
+    os.chmod(path, 0o660)
 
 
 def _tune_gc() -> None:
@@ -79,6 +97,7 @@ async def serve_until_stopped(
     *,
     on_ready: Callable[[RunningProxy], None] | None = None,
     start_engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]] | None = None,
+    extensions: Sequence[Extension] = (),
 ) -> None:
     """The `rolltap serve` process: store, optional built-in engine, proxy; stop on a signal."""
     stop = asyncio.Event()
@@ -91,7 +110,7 @@ async def serve_until_stopped(
         if not settings.backends and start_engine is not None:
             engine_url, stop_engine = await start_engine()
             settings.backends = [engine_url]
-        proxy = await start_proxy(settings, store)
+        proxy = await start_proxy(settings, store, extensions)
         _tune_gc()
         try:
             if on_ready is not None:

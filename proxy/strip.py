@@ -4,6 +4,10 @@ Token-id arrays are cut out of the raw bytes, so everything else stays byte for 
 engine sent. Logprobs the client did not ask for must become `null`; that needs the document
 re-serialized, which orjson does in C with the engine's compact layout (same keys, order and
 values; only float spelling could differ, and the floats are the logprobs being removed).
+
+The byte edits find members by their key (any spacing around the colon) wherever they appear
+as keys: engines put these keys only where rolltap asked for them. tests/proxy/
+test_strip_fuzz.py holds both paths to a reference that parses, edits and re-serializes.
 """
 
 from __future__ import annotations
@@ -53,32 +57,52 @@ def _cut_ids(raw: bytes, extras: Extras) -> bytes:
 
 
 _SCAN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+_SPACE = frozenset(b" \t\n\r")
+_COLON, _COMMA = ord(":"), ord(",")
+
+
+def _members(raw: bytes, quoted: bytes, start: int = 0) -> tuple[int, int] | None:
+    """The next member whose key is `quoted` from `start`: where its key and its value begin.
+
+    The key counts only when its opening quote is not escaped and a colon follows (spaces
+    allowed): inside a JSON string every quote is escaped, so such an occurrence is a real key.
+    Bytes are compared as ints: this runs for every stream chunk.
+    """
+    at = raw.find(quoted, start)
+    end = len(raw)
+    while at != -1:
+        i = at + len(quoted)
+        while i < end and raw[i] in _SPACE:
+            i += 1
+        if i < end and raw[i] == _COLON and not _escaped(raw, at):
+            i += 1
+            while i < end and raw[i] in _SPACE:
+                i += 1
+            return at, i
+        at = raw.find(quoted, at + 1)
+    return None
 
 
 def null_values(raw: bytes, key: bytes) -> bytes:
     """Replace the value of every member `"key": {...}` or `[...]` with null."""
-    needle = b'"' + key + b'":'
-    start = raw.find(needle)
-    while start != -1:
-        value = start + len(needle)
-        while raw[value : value + 1] in (b" ", b"\t", b"\n", b"\r"):
-            value += 1
-        if _escaped(raw, start) or raw[value : value + 1] not in (b"{", b"["):
-            start = raw.find(needle, value)
-            continue
-        depth = 0
-        for match in _SCAN.finditer(raw, value):
-            token = match.group()
-            if token in (b"{", b"["):
-                depth += 1
-            elif token in (b"}", b"]"):
-                depth -= 1
-                if depth == 0:
-                    raw = raw[:value] + b"null" + raw[match.end() :]
-                    break
-        else:
-            raise ValueError("unterminated JSON value")
-        start = raw.find(needle, value + 4)
+    quoted = b'"' + key + b'"'
+    found = _members(raw, quoted)
+    while found is not None:
+        _, value = found
+        if raw[value : value + 1] in (b"{", b"["):
+            depth = 0
+            for match in _SCAN.finditer(raw, value):
+                token = match.group()
+                if token in (b"{", b"["):
+                    depth += 1
+                elif token in (b"}", b"]"):
+                    depth -= 1
+                    if depth == 0:
+                        raw = raw[:value] + b"null" + raw[match.end() :]
+                        break
+            else:
+                raise ValueError("unterminated JSON value")
+        found = _members(raw, quoted, value)
     return raw
 
 
@@ -108,41 +132,32 @@ def _stripped_doc(doc: dict[str, Any], extras: Extras) -> dict[str, Any]:
 
 
 def cut_int_arrays(raw: bytes, key: bytes) -> bytes:
-    """Remove every member `"key": [ints]` (or `"key": null`) from a JSON text.
-
-    An occurrence counts only when its opening quote is not escaped: inside a JSON string every
-    quote is escaped, so such an occurrence is a real key.
-    """
-    needle = b'"' + key + b'":'
-    start = raw.find(needle)
-    while start != -1:
-        if _escaped(raw, start):
-            start = raw.find(needle, start + 1)
-            continue
-        value = start + len(needle)
-        while raw[value : value + 1] in (b" ", b"\t", b"\n", b"\r"):
-            value += 1
+    """Remove every member `"key": [ints]` (or `"key": null`) from a JSON text."""
+    quoted = b'"' + key + b'"'
+    found = _members(raw, quoted)
+    while found is not None:
+        start, value = found
         if raw.startswith(b"[", value):
             end = raw.index(b"]", value) + 1
         elif raw.startswith(b"null", value):
             end = value + 4
         else:
-            start = raw.find(needle, value)
+            found = _members(raw, quoted, value)
             continue
         before = start - 1
-        while before >= 0 and raw[before : before + 1] in (b" ", b"\n", b"\t", b"\r"):
+        while before >= 0 and raw[before] in _SPACE:
             before -= 1
-        if before >= 0 and raw[before : before + 1] == b",":
+        if before >= 0 and raw[before] == _COMMA:
             raw = raw[:before] + raw[end:]
-            start = raw.find(needle, before)
+            found = _members(raw, quoted, before)
         else:
             after = end
-            while raw[after : after + 1] in (b" ", b"\n", b"\t", b"\r"):
+            while after < len(raw) and raw[after] in _SPACE:
                 after += 1
-            if raw[after : after + 1] == b",":
+            if after < len(raw) and raw[after] == _COMMA:
                 end = after + 1
             raw = raw[:start] + raw[end:]
-            start = raw.find(needle, start)
+            found = _members(raw, quoted, start)
     return raw
 
 

@@ -1,8 +1,9 @@
 """POST handlers of dialects served through chat completions (Responses, Messages): one flow.
 
 Intake, budgets and retry links are the chat handler's; then the harness's history is restored
-(history.py), the chat request goes through EngineCall (failover, capture, stickiness, the gate),
-and the answer is rendered in the client's dialect event by event. The record holds the client's
+(history.py), the chat request runs through relay.py (the gate, failover, capture, the record,
+failures and a client leaving), and `TranslatedRendering` renders the answer in the client's
+dialect event by event. The record holds the client's
 request, the chat request sent, and the client's response (the whole object for streams).
 
 An answer cut by the proxy's own `max_tokens_cap` (the client allowed more, or set no limit) is
@@ -13,19 +14,18 @@ costs, and both harnesses treat a truncated answer as a failed turn (Codex) or a
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from rolltap.proxy.answer import engine_answer
 from rolltap.proxy.assemble import ChatAssembler
 from rolltap.proxy.blocks import BlockStream, from_message
-from rolltap.proxy.call import EngineBroke, EngineCall
+from rolltap.proxy.call import Chunk, error_message
 from rolltap.proxy.context import ProxyContext
 from rolltap.proxy.dialect import Answer, ChatPlan, Dialect, Ending, Renderer
-from rolltap.proxy.dispatch import engine_call, error_message, write_last
 from rolltap.proxy.errors import (
     BadRequest,
     Forbidden,
@@ -34,16 +34,15 @@ from rolltap.proxy.errors import (
     ProxyError,
     Unauthorized,
     Unprocessable,
-    UpstreamFailed,
 )
-from rolltap.proxy.exchange import Exchange, now
+from rolltap.proxy.exchange import Exchange
 from rolltap.proxy.handles import Handle
 from rolltap.proxy.history import HarnessTurn, Restorer, engine_message
 from rolltap.proxy.intake import Intake, admit, intake, link_retry, parse_json_object
 from rolltap.proxy.middleware import error_body, is_anthropic
 from rolltap.proxy.recall import EngineTurn
+from rolltap.proxy.relay import EngineAnswer, relay
 from rolltap.proxy.sse import frame
-from rolltap.store import CallStatus
 
 _BY_STATUS: dict[int, type[ProxyError]] = {
     400: BadRequest,
@@ -75,12 +74,11 @@ async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     chat = await chat_request(ctx, taken.state.id, plan, exchange)
     handle = ctx.recall.handles.mint(taken.state.id, exchange.call_id)
     renderer = dialect.renderer(body, Answer(exchange.call_id, int(time.time()), handle))
-    async with engine_call(taken, chat) as call:
-        if call.error is not None:
-            return await _engine_error(request, taken, call.error.status, call.error.body)
-        if exchange.stream:
-            return await _relay_stream(request, taken, call, renderer)
-        return await _relay_body(taken, call, renderer)
+    anthropic = is_anthropic(request.path)
+    call = await engine_answer(taken, chat)
+    return await relay(
+        request, taken, call, lambda answer: TranslatedRendering(taken, answer, renderer, anthropic)
+    )
 
 
 async def chat_request(
@@ -121,105 +119,86 @@ def engine_refusal(status: int, message: str, anthropic: bool) -> ProxyError:
     return error
 
 
-async def _engine_error(
-    request: web.Request, taken: Intake, status: int, body: bytes
-) -> web.Response:
-    exchange = taken.exchange
-    message = error_message(body)
-    error = engine_refusal(status, message, is_anthropic(request.path))
-    out = error_body(error, is_anthropic(request.path))
-    exchange.response_body = out
-    exchange.fail(CallStatus.FAILED, status, message)
-    await taken.ctx.record(exchange, taken.state)
-    taken.ctx.metrics.errors.inc(kind=f"engine_{status}")
-    return web.Response(status=status, body=out, content_type="application/json")
+class TranslatedRendering:
+    """The engine's chat answer rendered event by event in the client's dialect."""
 
+    def __init__(
+        self, taken: Intake, call: EngineAnswer, renderer: Renderer, anthropic: bool
+    ) -> None:
+        self._taken = taken
+        self._exchange = taken.exchange
+        self._call = call
+        self._renderer = renderer
+        self._anthropic = anthropic
+        self._blocks = BlockStream()
+        self._assembler = ChatAssembler(keep_logprobs=False)
+        self._started = False
+        self._finish: Any = None
+        self._stop: Any = None
 
-async def _relay_body(taken: Intake, call: EngineCall, renderer: Renderer) -> web.Response:
-    exchange = taken.exchange
-    try:
-        _, doc = await call.read_body()
-    except EngineBroke as e:
-        exchange.fail(CallStatus.FAILED, 502, f"engine failed while answering: {e}")
-        await taken.ctx.record(exchange, taken.state)
-        raise UpstreamFailed(f"the backend failed while answering: {e}") from None
-    choice = _choice(doc)
-    message = choice.get("message") or {}
-    renderer.start(exchange.prompt_tokens)
-    renderer.feed(from_message(message))
-    renderer.finish(_ending(call, exchange, choice.get("finish_reason"), choice.get("stop_reason")))
-    out = orjson.dumps(renderer.result())
-    exchange.notes += renderer.notes
-    exchange.response_body = out
-    exchange.http_status = 200
-    exchange.finished_at = now()
-    _remember(taken, message)
-    await taken.ctx.record(exchange, taken.state)
-    return web.Response(body=out, content_type="application/json")
+    def refused(self, status: int, body: bytes) -> bytes:
+        error = engine_refusal(status, error_message(body), self._anthropic)
+        return error_body(error, self._anthropic)
 
+    def whole(self, raw: bytes, doc: dict[str, Any]) -> bytes:
+        renderer = self._renderer
+        choice = _choice(doc)
+        message = choice.get("message") or {}
+        renderer.start(self._exchange.prompt_tokens)
+        renderer.feed(from_message(message))
+        renderer.finish(self._ending(choice.get("finish_reason"), choice.get("stop_reason")))
+        self._exchange.notes += renderer.notes
+        _remember(self._taken, message)
+        return orjson.dumps(renderer.result())
 
-async def _relay_stream(
-    request: web.Request, taken: Intake, call: EngineCall, renderer: Renderer
-) -> web.StreamResponse:
-    exchange = taken.exchange
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    blocks = BlockStream()
-    assembler = ChatAssembler(keep_logprobs=False)
-    finish: Any = None
-    stop: Any = None
-    # Events not yet written: on a failure they go out first, ahead of the failure event.
-    events: list[dict[str, Any]] = []
-    started = False
-    try:
-        async for batch in call.chunks():
-            if not started:
-                events += renderer.start(exchange.prompt_tokens)
-                started = True
-            for chunk in batch:
-                doc = chunk.doc
-                if "error" in doc and not doc.get("choices"):
-                    raise EngineBroke(f"engine error mid-stream: {error_message(chunk.raw)}")
-                assembler.feed(doc)
-                for c in doc.get("choices") or ():
-                    if int(c.get("index") or 0) != 0:
-                        continue
-                    events += renderer.feed(blocks.feed(c.get("delta") or {}))
-                    finish = c.get("finish_reason") or finish
-                    stop = c.get("stop_reason") if c.get("stop_reason") is not None else stop
-            if events:
-                await response.write(_frames(events))
-                events = []
-    except EngineBroke as e:
-        events += renderer.fail("the backend failed mid-stream", "server_error")
-        exchange.response_body = orjson.dumps(renderer.result())
-        exchange.fail(CallStatus.FAILED, 502, f"engine stream broke: {e}")
-        await taken.ctx.record(exchange, taken.state)
-        taken.ctx.metrics.errors.inc(kind="engine_stream_broke")
-        await write_last(response, _frames(events))
-        return response
-    except (ConnectionResetError, asyncio.CancelledError):
-        call.close()
-        exchange.response_body = orjson.dumps(renderer.result())
-        exchange.fail(CallStatus.CANCELLED, None, "client disconnected mid-stream")
-        await asyncio.shield(taken.ctx.record(exchange, taken.state))
-        return response
-    if not started:
-        events += renderer.start(exchange.prompt_tokens)
-    events += renderer.feed(blocks.finish()) + renderer.finish(
-        _ending(call, exchange, finish, stop)
-    )
-    exchange.notes += renderer.notes
-    exchange.response_body = orjson.dumps(renderer.result())
-    exchange.http_status = 200
-    exchange.finished_at = now()
-    choices = assembler.result()["choices"]
-    _remember(taken, choices[0]["message"] if choices else {})
-    await taken.ctx.record(exchange, taken.state)
-    await write_last(response, _frames(events))
-    return response
+    def feed(self, chunk: Chunk) -> bytes:
+        events = self._start()
+        doc = chunk.doc
+        self._assembler.feed(doc)
+        for c in doc.get("choices") or ():
+            if int(c.get("index") or 0) != 0:
+                continue
+            events += self._renderer.feed(self._blocks.feed(c.get("delta") or {}))
+            self._finish = c.get("finish_reason") or self._finish
+            if c.get("stop_reason") is not None:
+                self._stop = c["stop_reason"]
+        return _frames(events) if events else b""
+
+    def ending(self) -> bytes:
+        renderer = self._renderer
+        events = self._start() + renderer.feed(self._blocks.finish())
+        events += renderer.finish(self._ending(self._finish, self._stop))
+        self._exchange.notes += renderer.notes
+        choices = self._assembler.result()["choices"]
+        _remember(self._taken, choices[0]["message"] if choices else {})
+        return _frames(events)
+
+    def failure(self) -> bytes:
+        return _frames(self._start() + self._renderer.fail("the backend failed mid-stream", None))
+
+    def recorded(self) -> bytes:
+        return orjson.dumps(self._renderer.result())
+
+    def _start(self) -> list[dict[str, Any]]:
+        """The opening events, before the first chunk's (its prompt ids give the usage)."""
+        if self._started:
+            return []
+        self._started = True
+        return self._renderer.start(self._exchange.prompt_tokens)
+
+    def _ending(self, finish: Any, stop: Any) -> Ending:
+        exchange = self._exchange
+        usage = exchange.usage or {}
+        if finish == "length" and self._call.capped:
+            exchange.notes.append("cut at max_tokens_cap; the client was told the answer ended")
+            finish = "stop"
+        return Ending(
+            finish_reason=finish if isinstance(finish, str) else None,
+            stop_reason=stop if isinstance(stop, str | int) else None,
+            prompt_tokens=exchange.prompt_tokens or int(usage.get("prompt_tokens") or 0),
+            completion_tokens=exchange.completion_tokens
+            or int(usage.get("completion_tokens") or 0),
+        )
 
 
 def _frames(events: list[dict[str, Any]]) -> bytes:
@@ -231,19 +210,6 @@ def _choice(doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(choice, dict) and int(choice.get("index") or 0) == 0:
             return choice
     return {}
-
-
-def _ending(call: EngineCall, exchange: Exchange, finish: Any, stop: Any) -> Ending:
-    usage = exchange.usage or {}
-    if finish == "length" and call.capped:
-        exchange.notes.append("cut at max_tokens_cap; the client was told the answer ended")
-        finish = "stop"
-    return Ending(
-        finish_reason=finish if isinstance(finish, str) else None,
-        stop_reason=stop if isinstance(stop, str | int) else None,
-        prompt_tokens=exchange.prompt_tokens or int(usage.get("prompt_tokens") or 0),
-        completion_tokens=exchange.completion_tokens or int(usage.get("completion_tokens") or 0),
-    )
 
 
 def _remember(taken: Intake, message: dict[str, Any]) -> None:

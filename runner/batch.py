@@ -15,12 +15,14 @@ import hashlib
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
+from rolltap.proxy.replay import Cassette
 from rolltap.runner.harnesses import (
     Harness,
     Installation,
@@ -30,9 +32,11 @@ from rolltap.runner.harnesses import (
     install,
     installation,
 )
+from rolltap.runner.harnesses.base import BuiltIn
 from rolltap.runner.harnesses.images import build_context, host_ca_bundle
 from rolltap.runner.host import ProxyHost, proxy_host
 from rolltap.runner.plan import Budget, plan
+from rolltap.runner.provenance import harness_metadata, task_hash
 from rolltap.runner.rollout import (
     BatchProgress,
     BuildsHarnessImages,
@@ -93,9 +97,14 @@ async def run_batch(
     sandbox_image: str | None = None,
     logs_root: Path | None = None,
     progress: BatchProgress | None = None,
+    meta: Mapping[str, Any] | None = None,
+    replay: Cassette | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> BatchResult:
-    """Run (or resume) a batch and return its results and summary."""
+    """Run (or resume) a batch and return its results and summary.
+
+    `meta` goes into each new rollout's meta; `replay` answers the batch's calls from a
+    recorded rollout (runner/replay.py)."""
     loaded = list(tasks) if not isinstance(tasks, str | Path) else load_tasks(Path(tasks))
     if not loaded:
         raise ValueError("no tasks to run")
@@ -103,8 +112,11 @@ async def run_batch(
     if harness_from not in ("auto", "host", "image"):
         raise ValueError(f"harness_from={harness_from!r}: use auto, host or image")
     kind = sandbox if isinstance(sandbox, str) else sandbox.kind
+    builtin = isinstance(adapter_.packages, BuiltIn)
     # Docker runs the harness from harness_images/<name>/ built on the task's image.
-    images = harness_from == "image" or (harness_from == "auto" and kind == "docker")
+    images = not builtin and (
+        harness_from == "image" or (harness_from == "auto" and kind == "docker")
+    )
     if images:
         installed = image_installation(adapter_)
     if installed is None:
@@ -127,6 +139,8 @@ async def run_batch(
                 socket=proxy_socket,
                 engine_model=engine_model,
                 engine_args=engine_args,
+                needs_model=not builtin and (replay is None or replay.goes_live),
+                replay=replay,
                 say=say,
             )
         )
@@ -140,7 +154,7 @@ async def run_batch(
             harness=adapter_.name,
             model=host.model,
             budget=Budget(max_calls, max_tokens),
-            meta={"sandbox": kind},
+            meta={**(meta or {}), "sandbox": kind},
         )
         if kept:
             say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")
@@ -157,6 +171,9 @@ async def run_batch(
             image_context = build_context(adapter_, context, host_ca_bundle())
         # A crashed earlier run of this batch may have left sandboxes behind.
         await provider.sweep(batch_id)
+        task_hashes = await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in loaded})
+        installed_from = "builtin" if builtin else "image" if images else "host"
+        settings = {"model": host.model, "max_steps": max_steps, "timeout": timeout}
         progress.total = len(todo)
         progress.token_count = host.tokens_recorded
         shared = Shared(
@@ -178,6 +195,9 @@ async def run_batch(
             sandbox_kind=kind,
             image=sandbox_image,
             image_context=image_context,
+            run_meta=harness_metadata(adapter_, installed_from, settings),
+            task_hashes=task_hashes,
+            revoke_key=host.revoke,
         )
         started = time.monotonic()
         results = await asyncio.gather(*(run_rollout(shared, p) for p in todo))

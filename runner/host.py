@@ -1,13 +1,15 @@
 """The proxy a batch's sandboxes talk to: started in this process, or one already running.
 
-Sandboxes reach it only through its unix socket. Started here, it serves the given backends or,
-with none, the built-in engine (a child process, loaded once).
+Sandboxes reach it only through its unix socket, which only this user and the sandbox user's
+group may connect to, in a directory only they may enter. Started here, it serves the given
+backends or, with none, the built-in engine (a child process, loaded once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +18,9 @@ from pathlib import Path
 import aiohttp
 
 from rolltap.proxy.context import ProxySettings
+from rolltap.proxy.replay import Cassette
 from rolltap.proxy.server import RunningProxy, start_proxy
+from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.store import Store
 
 
@@ -26,6 +30,12 @@ class ProxyHost:
     model: str
     proxy: RunningProxy | None
     """None when the batch uses a proxy someone else runs."""
+
+    def revoke(self, key: str) -> None:
+        """Refuse the key at once in this process's proxy (the store's revocation reaches any
+        other proxy on its next re-read of the rollout, within seconds)."""
+        if self.proxy is not None:
+            self.proxy.ctx.rollouts.revoke(key)
 
     def tokens_recorded(self) -> float:
         if self.proxy is None:
@@ -43,9 +53,16 @@ async def proxy_host(
     socket: Path | None = None,
     engine_model: str | None = None,
     engine_args: Sequence[str] = (),
+    needs_model: bool = True,
+    replay: Cassette | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> AsyncIterator[ProxyHost]:
-    """`socket` given: use that running proxy (it must share this store's database)."""
+    """`socket` given: use that running proxy (it must share this store's database).
+
+    `needs_model=False` with no backends: a proxy that serves no model, for a harness that makes no
+    LLM call (the oracle); a call it makes anyway is refused and recorded. `replay`: the proxy
+    answers from that cassette (`rolltap replay`), so it needs no model unless the cassette
+    goes live."""
     if socket is not None:
         if not socket.exists():
             raise FileNotFoundError(f"no proxy socket at {socket}")
@@ -55,7 +72,9 @@ async def proxy_host(
         return
     async with contextlib.AsyncExitStack() as stack:
         urls = list(backends)
-        if not urls:
+        if not urls and not needs_model:
+            model = model or "none"
+        elif not urls:
             from rolltap.engine.launch import EngineProcess
 
             say("starting the built-in engine (loads the model once)...")
@@ -65,11 +84,19 @@ async def proxy_host(
             model = model or engine.model
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rolltap-proxy-")))
         sock = tmp / "proxy.sock"
-        settings = ProxySettings(backends=urls, port=0, unix_socket=str(sock))
+        group = sandbox_user().gid
+        settings = ProxySettings(
+            backends=urls, port=0, unix_socket=str(sock), unix_socket_group=group
+        )
         proxy = await start_proxy(settings, store)
+        proxy.ctx.replay = replay
         stack.push_async_callback(proxy.stop)
+        # The socket is restricted now: let the sandboxes' group through its directory.
+        os.chown(tmp, -1, group)
+        tmp.chmod(0o750)
         if model is None:
             model = await _served_model(urls[0])
+        assert model is not None
         say(f"proxy on {proxy.url} (sandboxes: {sock}); model {model}")
         yield ProxyHost(sock, model, proxy)
 

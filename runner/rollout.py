@@ -1,7 +1,9 @@
 """One rollout: INIT (sandbox + task setup), RUN (the harness), EVAL (the task's tests).
 
 Each stage waits for a slot in its own pool, so a slow verifier never holds up harnesses. The
-harness runs under a wall-clock timeout the sandbox enforces by killing its process tree.
+harness runs under a wall-clock timeout the sandbox enforces by killing its process tree. When
+it ends, however it ends, its rollout key is revoked (the proxy refuses, and records, any later
+call) and whatever it left running is killed, before the verifier's turn.
 Failures of the machine (a sandbox that did not start, a copy that failed) are retried as a new
 attempt; timeouts and wrong answers are results, never retried.
 """
@@ -15,10 +17,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
+from rolltap.runner import provenance
 from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
+from rolltap.runner.harnesses.base import BuiltIn
 from rolltap.runner.plan import INFRA, Planned, supersede
 from rolltap.runner.sandboxes.base import Limits, Mount, Sandbox, SandboxProvider, SandboxSpec
 from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxError
@@ -96,6 +101,13 @@ class Shared:
     image: str | None = None
     image_context: Path | None = None
     """harness_images/<name>/ ready to build: set when the harness comes from an image."""
+    run_meta: dict[str, Any] = field(default_factory=dict)
+    """The batch-wide part of each rollout's meta["run"] (runner/provenance.py)."""
+    task_hashes: dict[str, str] = field(default_factory=dict)
+    """Content hash of each task, by id."""
+    revoke_key: Callable[[str], None] | None = None
+    """Refuses a key at once in the batch's own proxy (ProxyHost.revoke). The revocation in the
+    store reaches any other proxy on its next re-read of the rollout, within seconds."""
 
 
 @runtime_checkable
@@ -103,6 +115,13 @@ class BuildsHarnessImages(Protocol):
     """A provider that runs a harness from an image built on the task's image (docker)."""
 
     async def harness_image(self, task: Task, name: str, context: Path) -> str: ...
+
+
+@runtime_checkable
+class KnowsTaskImages(Protocol):
+    """A provider that starts a task from an image of its own (docker): the task's image."""
+
+    async def task_image(self, task: Task) -> str: ...
 
 
 class InfraFailure(Exception):
@@ -138,6 +157,7 @@ async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
         started = time.monotonic()
         try:
             spec = await _spec(shared, planned)
+            await _record_run(shared, planned, spec)
             box = await shared.provider.create(spec)
         except ImageBuildError as e:
             return await _finish(
@@ -162,6 +182,7 @@ async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
                 raise InfraFailure(f"harness could not run: {e}", calls_made=True) from e
             finally:
                 shared.progress.running -= 1
+                await _end_run(shared, planned, box)
             seconds["run"] = time.monotonic() - started
         async with shared.pools.eval:
             started = time.monotonic()
@@ -200,8 +221,11 @@ async def _run_harness(
         home=PurePosixPath(box.home),
         logs_dir=AGENT_LOGS,
         max_steps=shared.max_steps,
+        task=planned.task,
     )
     launch = shared.harness.launch(ctx, shared.installation)
+    for inside_path, host_path in launch.copies.items():
+        await box.put(host_path, str(inside_path))
     with tempfile.TemporaryDirectory() as tmp:
         for i, (inside, content) in enumerate(launch.files.items()):
             staged = Path(tmp) / str(i)
@@ -235,6 +259,18 @@ async def _run_harness(
         None if result.timed_out else result.exit_code, result.stdout, result.stderr, files
     )
     return exit_, shared.harness.classify(ctx, exit_), result.timed_out
+
+
+async def _end_run(shared: Shared, planned: Planned, box: Sandbox) -> None:
+    """The harness has ended: its key opens nothing any more, and nothing it left runs on (so
+    no daemon of the agent's works past its time while the rollout waits for a verifier)."""
+    if shared.revoke_key is not None:
+        shared.revoke_key(planned.key)
+    await shared.store.update_rollout(planned.rollout_id, key_revoked_at=datetime.now(UTC))
+    try:
+        await box.reap()
+    except SandboxError as e:
+        raise InfraFailure(f"cannot stop what the harness left: {e}", calls_made=True) from e
 
 
 async def _evaluate(
@@ -340,7 +376,7 @@ async def _next_attempt(shared: Shared, planned: Planned, why: str) -> Planned:
 
 async def _spec(shared: Shared, planned: Planned) -> SandboxSpec:
     task = planned.task
-    image, mounts = shared.image, _mounts(shared.installation)
+    image, mounts = shared.image, _mounts(shared.harness, shared.installation)
     if shared.image_context is not None:
         assert isinstance(shared.provider, BuildsHarnessImages)
         image = await shared.provider.harness_image(task, shared.harness.name, shared.image_context)
@@ -356,6 +392,22 @@ async def _spec(shared: Shared, planned: Planned) -> SandboxSpec:
     )
 
 
-def _mounts(installation: Installation) -> tuple[Mount, ...]:
+async def _record_run(shared: Shared, planned: Planned, spec: SandboxSpec) -> None:
+    """What this rollout runs with, for whoever runs it again (runner/provenance.py)."""
+    task = planned.task
+    task_hash = shared.task_hashes.get(task.id)
+    if task_hash is None:
+        task_hash = await asyncio.to_thread(provenance.task_hash, task)
+    image = spec.image
+    if image is None and isinstance(shared.provider, KnowsTaskImages):
+        image = await shared.provider.task_image(task)  # built once; create() finds it
+    run = provenance.run_metadata(shared.run_meta, task, task_hash, shared.sandbox_kind, image)
+    view = await shared.store.rollout(planned.rollout_id)
+    await shared.store.update_rollout(planned.rollout_id, meta={**view.meta, "run": run})
+
+
+def _mounts(harness: Harness, installation: Installation) -> tuple[Mount, ...]:
+    if isinstance(harness.packages, BuiltIn):
+        return ()  # part of rolltap: nothing to show the sandbox
     paths = [installation.prefix, *installation.mounts]
     return tuple(Mount(Path(str(p)), str(p), read_only=True) for p in paths)

@@ -13,6 +13,7 @@ solution, workdir, docker_image, agent_timeout_sec, verifier_timeout_sec. Its te
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tomllib
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Task", "TaskEnvironment", "TaskFormatError", "load_tasks"]
+__all__ = ["Task", "TaskEnvironment", "TaskFormatError", "load_tasks", "parse_jsonl"]
 
 DEFAULT_WORKDIR = "/app"
 DEFAULT_AGENT_TIMEOUT_SEC = 600.0
@@ -104,6 +105,8 @@ class Task:
     solution_script: str | None = None
     solution_env: Mapping[str, str] = field(default_factory=dict)
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    entry_hash: str | None = None
+    """A JSONL task's content hash: `sha256:` + SHA-256 of its line's canonical JSON."""
 
 
 def load_tasks(path: Path | str) -> list[Task]:
@@ -206,6 +209,12 @@ def _environment(env_dir: Path, table: dict[str, Any], where: str) -> TaskEnviro
     memory = table.get("memory_mb")
     if memory is not None and (not isinstance(memory, int) or memory <= 0):
         raise TaskFormatError(where, "memory_mb must be a positive integer")
+    if "memory" in table:
+        # Harbor's older spelling, still read by Harbor: "2G", "512M".
+        legacy = _size_mb(table["memory"], where)
+        if memory is not None and memory != legacy:
+            raise TaskFormatError(where, f"memory ({legacy} MB) and memory_mb ({memory}) differ")
+        memory = legacy
     cpus = table.get("cpus")
     if cpus is not None and (not isinstance(cpus, int | float) or cpus <= 0):
         raise TaskFormatError(where, "cpus must be a positive number")
@@ -226,6 +235,18 @@ def _environment(env_dir: Path, table: dict[str, Any], where: str) -> TaskEnviro
     )
 
 
+def _size_mb(value: Any, where: str) -> int:
+    text = str(value).strip().upper() if isinstance(value, str) else ""
+    scale = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}.get(text[-1:])
+    try:
+        mb = int(float(text[:-1]) * scale) if scale else 0
+    except ValueError:
+        mb = 0
+    if mb <= 0:
+        raise TaskFormatError(where, f"memory = {value!r}: expected a size like '2G' or '512M'")
+    return mb
+
+
 def _dockerfile_workdir(env_dir: Path) -> str | None:
     """The last literal WORKDIR of environment/Dockerfile: Harbor execs in the image's workdir."""
     dockerfile = env_dir / "Dockerfile"
@@ -238,8 +259,18 @@ def _dockerfile_workdir(env_dir: Path) -> str | None:
 
 def _load_jsonl(path: Path) -> list[Task]:
     path = path.resolve()
+    return _parse_jsonl(path.read_text(), path)
+
+
+def parse_jsonl(text: str, source: Path) -> list[Task]:
+    """Tasks in the JSONL shorthand given as text (tasks sent inline to the rollout service);
+    `source` names where they came from in errors and on each task."""
+    return _unique(_parse_jsonl(text, source), source)
+
+
+def _parse_jsonl(text: str, path: Path) -> list[Task]:
     tasks = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
@@ -280,7 +311,12 @@ def _jsonl_task(obj: dict[str, Any], path: Path, where: str) -> Task:
         test_script=obj["test"],
         reward_from_exit_code=True,
         solution_script=_opt_str(obj, "solution", where),
+        entry_hash="sha256:" + hashlib.sha256(_canonical(obj)).hexdigest(),
     )
+
+
+def _canonical(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _table(config: dict[str, Any], name: str, where: Path) -> dict[str, Any]:

@@ -2,7 +2,15 @@
 into a Reward, reading it as Harbor does.
 
 /logs/verifier/reward.json (an object of finite numbers) wins over /logs/verifier/reward.txt (one
-float, read as {"reward": x}). Failures are typed:
+float, read as {"reward": x}).
+
+Before test.sh runs, nothing of the agent is left to interfere: every process the task's setup or
+the agent started is killed (Sandbox.reap: a daemon looping on reward.txt, however it detached),
+and /logs/verifier and /tests are replaced by new empty directories owned by the verifier's user
+(a planted reward.json, a test.sh of the agent's, or a link in their place are gone). What the
+agent changed in the workdir stays: that is what the tests judge.
+
+Failures are typed:
 
 VerifyError
  ├── VerifierTimeout        test.sh ran past [verifier] timeout_sec
@@ -25,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rolltap.runner.sandboxes.base import ExecResult, Sandbox
-from rolltap.runner.sandboxes.provision import ROOT, put_script
+from rolltap.runner.sandboxes.provision import put_script
 from rolltap.runner.tasks import Task
 
 __all__ = [
@@ -104,18 +112,13 @@ def parse_reward(verifier_dir: Path) -> Reward:
 async def verify(
     sandbox: Sandbox, task: Task, out_dir: Path, *, log: Path | None = None
 ) -> Verdict:
-    """Copies the tests in (replacing whatever the agent left in /tests and /logs/verifier), runs
-    test.sh in the workdir, copies /logs/verifier into out_dir and reads the reward there.
-    test.sh's output goes to `log`, by default out_dir/test-stdout.txt."""
+    """Kills what the agent left running, copies the tests into a fresh /tests, runs test.sh in
+    the workdir with a fresh /logs/verifier, copies that into out_dir and reads the reward
+    there. test.sh's output goes to `log`, by default out_dir/test-stdout.txt."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    # The agent could have planted a reward file or a test.sh of its own.
-    await sandbox.exec(
-        "find /tests /logs/verifier -mindepth 1 -delete 2>/dev/null;"
-        " mkdir -p /tests /logs/verifier && chmod 777 /logs/verifier",
-        user=ROOT,
-        timeout=60,
-        proxy=False,
-    )
+    await sandbox.reap()
+    await sandbox.fresh_dir("/logs/verifier", user=task.verifier_user)
+    await sandbox.fresh_dir("/tests")
     if task.tests_dir is not None:
         await sandbox.put(task.tests_dir, "/tests")
     elif task.test_script is not None:

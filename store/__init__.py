@@ -5,12 +5,15 @@ from rolltap.store.errors import (
     DatabaseUnavailable,
     InvalidTokens,
     NotFound,
+    ReadOnly,
     StoreError,
     WriterClosed,
 )
+from rolltap.store.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
 from rolltap.store.models import CallDialect, CallStatus, Capture, RolloutStatus
 from rolltap.store.reader import StoreReader, open
 from rolltap.store.records import (
+    BatchView,
     CallBodies,
     CallReceipt,
     CallRecord,
@@ -20,13 +23,16 @@ from rolltap.store.records import (
     ChoiceTokens,
     CreatedRollout,
     NewRollout,
+    RolloutAnalysis,
     RolloutView,
 )
 from rolltap.store.store import Store
 from rolltap.store.url import DatabaseURL, resolve_url
+from rolltap.store.writer import StoreState, StoreStatus
 
 __all__ = [
     "BadDatabaseURL",
+    "BatchView",
     "CallBodies",
     "CallDialect",
     "CallReceipt",
@@ -41,13 +47,21 @@ __all__ = [
     "DatabaseURL",
     "DatabaseUnavailable",
     "InvalidTokens",
+    "Issue",
+    "IssueKind",
     "NewRollout",
     "NotFound",
+    "ReadOnly",
+    "RefusedCall",
+    "RolloutAnalysis",
+    "RolloutIntegrity",
     "RolloutStatus",
     "RolloutView",
     "Store",
     "StoreError",
     "StoreReader",
+    "StoreState",
+    "StoreStatus",
     "WriterClosed",
     "open",
     "resolve_url",

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from rolltap.store.errors import DatabaseUnavailable
+from rolltap.store.outage import describe, is_outage
 from rolltap.store.url import DatabaseURL
 
 BUSY_TIMEOUT_MS = 30_000
@@ -47,11 +48,23 @@ class Database:
         self, fn: Callable[Concatenate[SyncConnection, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run a query function (store.queries) in one read transaction."""
-        async with self.reader.connect() as conn:
-            return await conn.run_sync(lambda sync: fn(sync, *args, **kwargs))
+        try:
+            async with self.reader.connect() as conn:
+                return await conn.run_sync(lambda sync: fn(sync, *args, **kwargs))
+        except Exception as e:
+            if is_outage(e):
+                raise DatabaseUnavailable(
+                    f"the store at {self.url.render()} is unreachable: {describe(e)}"
+                ) from e
+            raise
 
 
-def open_database(url: DatabaseURL) -> Database:
+def open_database(url: DatabaseURL, *, read_only: bool = False) -> Database:
+    """Engines for `url`. `read_only`: one reader engine whose connections refuse every write
+    (SQLite `query_only`, PostgreSQL read-only transactions) and nothing is created: a missing
+    SQLite file is an error rather than a new store."""
+    if read_only:
+        return _read_only(url)
     if url.is_sqlite:
         path = url.sqlite_path
         if not path.parent.exists():
@@ -79,6 +92,27 @@ def open_database(url: DatabaseURL) -> Database:
     # COMMITTED another process's commit could land between them. One snapshot per read.
     reader = engine.execution_options(isolation_level="REPEATABLE READ")
     return Database(url, engine, reader)
+
+
+def _read_only(url: DatabaseURL) -> Database:
+    if url.is_sqlite:
+        if not url.sqlite_path.is_file():
+            raise DatabaseUnavailable(f"no store at {url.sqlite_path}")
+        engine = create_async_engine(
+            url.url, pool_size=8, max_overflow=2, connect_args={"timeout": 30}
+        )
+        _configure_sqlite_reader(engine.sync_engine)
+        return Database(url, engine, engine)
+    engine = create_async_engine(
+        url.url,
+        pool_size=4,
+        max_overflow=4,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        connect_args={"server_settings": {"default_transaction_read_only": "on"}},
+    )
+    reader = engine.execution_options(isolation_level="REPEATABLE READ")
+    return Database(url, reader, reader)
 
 
 def _sqlite_engine(url: DatabaseURL, begin: str, pool_size: int) -> AsyncEngine:
@@ -111,6 +145,22 @@ def _configure_sqlite(
         # IMMEDIATE on the writer: a deferred transaction that reads and then writes can fail
         # with SQLITE_BUSY at once when another process committed meanwhile.
         conn.exec_driver_sql(begin)
+
+
+def _configure_sqlite_reader(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # No journal_mode or synchronous pragma: those write to the file. query_only makes
+        # SQLite itself refuse any statement that would change the database.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA query_only=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: SyncConnection) -> None:
+        conn.exec_driver_sql("BEGIN")
 
 
 def unavailable(url: DatabaseURL, e: DBAPIError | OSError) -> DatabaseUnavailable:

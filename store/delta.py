@@ -79,13 +79,24 @@ class StoredPrompt:
 
 
 def rebuild_prompts(
-    stored: Iterable[StoredPrompt], completions: Mapping[tuple[str, int], IdArray]
+    stored: Iterable[StoredPrompt],
+    completions: Mapping[tuple[str, int], IdArray],
+    *,
+    lenient: bool = False,
 ) -> dict[str, IdArray]:
-    """Full prompts of calls given in an order where every parent comes before its children."""
+    """Full prompts of calls given in an order where every parent comes before its children.
+
+    `lenient`: a prompt whose parent sequence is missing is left out instead of raising
+    KeyError (an auditor reading a damaged record)."""
     prompts: dict[str, IdArray] = {}
     for row in stored:
         if row.parent_id is None:
             prompts[row.call_id] = row.suffix
+            continue
+        no_choice = (
+            row.parent_choice is not None and (row.parent_id, row.parent_choice) not in completions
+        )
+        if lenient and (row.parent_id not in prompts or no_choice):
             continue
         base = prompts[row.parent_id]
         if row.parent_choice is not None:

@@ -5,6 +5,7 @@ StoreError
  ├── DatabaseUnavailable   the database could not be reached or opened
  ├── InvalidTokens         token ids or logprobs that must not be stored (also a ValueError)
  ├── NotFound              no rollout or call with that id
+ ├── ReadOnly              a write to a store opened read-only
  └── WriterClosed          a record was submitted after the writer stopped
 """
 
@@ -28,6 +29,10 @@ class InvalidTokens(StoreError, ValueError):
 
 
 class NotFound(StoreError, LookupError):
+    pass
+
+
+class ReadOnly(StoreError):
     pass
 
 

@@ -3,7 +3,8 @@
 Parquet columns: the token arrays as list<int32> (``prompt_ids``, ``response_ids``), list<int8>
 (``loss_mask``) and list<float32> (``logprobs``), then one scalar column per `Trajectory` field
 (the link flattened into ``parent_segment``, ``link_kind``, ``branch_call_id``, ``branch_choice``,
-``branch_position``, ``drift``, ``drift_detail`` as JSON text). JSON lines carry the same names.
+``branch_position``, ``drift``, ``drift_detail`` as JSON text), and ``head_hash``: the rollout's
+sealed hash-chain head (store/chain.py), null while it runs. JSON lines carry the same names.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ SCHEMA = pa.schema(
         ("branch_position", pa.int32()),
         ("drift", pa.string()),
         ("drift_detail", pa.string()),
+        ("head_hash", pa.string()),
     ]
 )
 
@@ -184,6 +186,7 @@ def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
         "branch_position": None if link is None else link.position,
         "drift": None if drift is None else drift.kind.value,
         "drift_detail": None if drift is None else json.dumps(drift.as_dict()),
+        "head_hash": t.head_hash,
     }
     if arrays:
         row |= {
@@ -195,11 +198,18 @@ def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
     return row
 
 
-def trajectory_dict(t: Trajectory) -> dict[str, Any]:
-    """A trajectory as plain JSON values (lists, not arrays; a missing logprob is null)."""
+def segment_dict(t: Trajectory) -> dict[str, Any]:
+    """A trajectory's fields as JSON values, without its token arrays (their lengths instead)."""
     row = _row(t, arrays=False)
     del row["drift_detail"]
     row["link"] = None if t.link is None else t.link.as_dict()
+    return row | {"prompt_tokens": len(t.prompt_ids), "response_tokens": len(t.response_ids)}
+
+
+def trajectory_dict(t: Trajectory) -> dict[str, Any]:
+    """A trajectory as plain JSON values (lists, not arrays; a missing logprob is null)."""
+    row = segment_dict(t)
+    del row["prompt_tokens"], row["response_tokens"]
     logprobs: list[float | None] = t.logprobs.tolist()
     if not t.has_logprobs:
         logprobs = [None if np.isnan(x) else x for x in t.logprobs.tolist()]
@@ -223,6 +233,7 @@ def rollout_dict(built: RolloutTrajectories) -> dict[str, Any]:
             "batch_id": r.batch_id,
             "task_id": r.task_id,
             "sample_index": r.sample_index,
+            "head_hash": r.head_hash,
         },
         "faithfulness": built.faithfulness.as_dict(),
         "trajectories": [trajectory_dict(t) for t in built.trajectories],
@@ -231,6 +242,27 @@ def rollout_dict(built: RolloutTrajectories) -> dict[str, Any]:
         ],
         "text_only_calls": list(built.text_only),
     }
+
+
+async def rollout_document(
+    store: Store, rollout_id: str, *, detokenizer: Detokenizer | None = None
+) -> dict[str, Any]:
+    """Everything `rolltap show` prints, as JSON values (`rolltap show --json`): the rollout, its
+    calls, its integrity, and its segments (without token arrays) with their faithfulness."""
+    view = await store.rollout(rollout_id)
+    calls = await store.calls(rollout_id)
+    document: dict[str, Any] = {
+        "rollout": view.as_dict(),
+        "calls": [c.as_dict() for c in calls],
+        "integrity": (await store.verify_rollout(rollout_id)).as_dict(),
+        "faithfulness": None,
+        "segments": [],
+    }
+    if calls:
+        built = await store.rollout_trajectories(rollout_id, detokenizer=detokenizer)
+        document["faithfulness"] = built.faithfulness.as_dict()
+        document["segments"] = [segment_dict(t) for t in built.trajectories]
+    return document
 
 
 async def rollout_trajectory_json(

@@ -53,17 +53,11 @@ async def differences(db: Database) -> list[Any]:
 
 async def ensure_schema(db: Database) -> None:
     """Migrate an empty database or a SQLite file; refuse to touch a stale shared server."""
-    head = head_revision()
-    if head is None:
-        raise StoreError("rolltap's migrations are missing from this installation; reinstall it")
+    head = _head()
     current = await current_revision(db)
     if current == head:
         return
-    if current is not None and current not in _known_revisions():
-        raise SchemaOutOfDate(
-            f"the store at {db.url.render()} is at revision {current}, which this rolltap does "
-            "not know: it was migrated by a newer rolltap; upgrade rolltap"
-        )
+    _refuse_unknown(db, current)
     if current is None or db.url.is_sqlite:
         await upgrade(db)
         return
@@ -71,6 +65,36 @@ async def ensure_schema(db: Database) -> None:
         f"the store at {db.url.render()} is at revision {current}, not {head}; "
         "run `rolltap db upgrade` once (it is not done implicitly on a shared server)"
     )
+
+
+async def check_schema(db: Database) -> None:
+    """For a store opened read-only: refuse, with the way out, anything but the current schema."""
+    head = _head()
+    current = await current_revision(db)
+    if current == head:
+        return
+    _refuse_unknown(db, current)
+    if current is None:
+        raise SchemaOutOfDate(f"{db.url.render()} holds no rolltap store")
+    raise SchemaOutOfDate(
+        f"the store at {db.url.render()} is at revision {current}, not {head}; "
+        "run `rolltap db upgrade` first"
+    )
+
+
+def _head() -> str:
+    head = head_revision()
+    if head is None:
+        raise StoreError("rolltap's migrations are missing from this installation; reinstall it")
+    return head
+
+
+def _refuse_unknown(db: Database, current: str | None) -> None:
+    if current is not None and current not in _known_revisions():
+        raise SchemaOutOfDate(
+            f"the store at {db.url.render()} is at revision {current}, which this rolltap does "
+            "not know: it was migrated by a newer rolltap; upgrade rolltap"
+        )
 
 
 def _known_revisions() -> set[str]:

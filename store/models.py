@@ -128,7 +128,13 @@ class Rollout(Base):
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    key_revoked_at: Mapped[datetime | None]
+    """When the runner revoked the key (its harness ended): the proxy refuses later calls."""
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    head_hash: Mapped[str | None] = mapped_column(String(64))
+    """The hash of the highest-seq call when the rollout ended: the head of its chain (chain.py)."""
+    head_seq: Mapped[int | None] = mapped_column(Integer)
+    """That call's seq (0: the rollout ended without calls)."""
 
     __table_args__ = (
         CheckConstraint(_in("status", RolloutStatus), name="status"),
@@ -170,6 +176,9 @@ class Call(Base):
     body_hash: Mapped[str | None] = mapped_column(String(32))
     """blake2b-128 of the client's request body, to link a retry to the call it repeats."""
     retry_of: Mapped[str | None] = mapped_column(ForeignKey("call.id", ondelete="SET NULL"))
+    resumes: Mapped[str | None] = mapped_column(ForeignKey("call.id", ondelete="SET NULL"))
+    """The call whose answer this one continues: its engine aborted it for a weight update and
+    the proxy sent the prompt plus the partial answer back, token-in, on the new weights."""
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     """Sum over all choices."""
@@ -179,6 +188,10 @@ class Call(Base):
     """None: the parent's prompt; k: the parent's prompt followed by its choice k's tokens."""
     prompt_shared: Mapped[int] = mapped_column(Integer, default=0)
     """How many leading tokens of the prompt come from the parent sequence."""
+    digest: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 of the record's canonical encoding (chain.py); None before the chain existed."""
+    hash: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 chaining `digest` to the hash of the rollout's previous call (chain.py)."""
     prompt_suffix: Mapped[bytes | None] = mapped_column(LargeBinary)
     """The prompt's remaining ids, packed int32 little-endian. Last column: big values last."""
 

@@ -7,30 +7,39 @@ directly, async code runs them with `AsyncConnection.run_sync` (aiosqlite or asy
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, bindparam, func, select
+from sqlalchemy import Row, Select, bindparam, case, exists, func, null, select
 from sqlalchemy.engine import Connection
 
 from rolltap.store import compress
+from rolltap.store.chain import GENESIS_HEX, prev_of
 from rolltap.store.delta import KnownCall, StoredPrompt, rebuild_prompts
 from rolltap.store.errors import NotFound
 from rolltap.store.models import (
     CallDialect,
     CallStatus,
     Capture,
+    DriftClass,
+    LinkKind,
     RolloutStatus,
     call_body_table,
     call_table,
     choice_table,
+    rollout_faithfulness_table,
     rollout_table,
+    segment_break_table,
 )
 from rolltap.store.packing import IdArray, unpack_ids, unpack_logprobs
 from rolltap.store.records import (
+    BatchView,
     CallBodies,
+    CallReceipt,
     CallTokens,
     CallView,
     ChoiceTokens,
+    RolloutAnalysis,
     RolloutView,
 )
 
@@ -38,6 +47,11 @@ R = rollout_table
 C = call_table
 CH = choice_table
 B = call_body_table
+SB = segment_break_table
+RF = rollout_faithfulness_table
+
+DRIFT_FILTERS = ("any", "none", *(d.value for d in DriftClass))
+"""`drift=` of `rollouts`: any break, none (analysed and unbroken), or a break of one class."""
 
 # Correlated, so each rollout's totals come from its own calls through the (rollout_id, seq)
 # index; a grouped subquery would aggregate the whole call table for one rollout's lookup.
@@ -49,8 +63,20 @@ _N_TOKENS = (
 )
 
 
+_N_REJECTED = (
+    select(func.count())
+    .where(C.c.rollout_id == R.c.id, C.c.status == CallStatus.REJECTED.value)
+    .scalar_subquery()
+)
+
+
 def _rollouts() -> Select[Any]:
-    return select(R, _N_CALLS.label("n_calls"), _N_TOKENS.label("n_tokens"))
+    return select(
+        R,
+        _N_CALLS.label("n_calls"),
+        _N_TOKENS.label("n_tokens"),
+        _N_REJECTED.label("n_rejected"),
+    )
 
 
 def _rollout_view(row: Row[Any]) -> RolloutView:
@@ -74,7 +100,11 @@ def _rollout_view(row: Row[Any]) -> RolloutView:
         meta=m[R.c["metadata"]] or {},
         n_calls=int(m["n_calls"]),
         n_tokens=int(m["n_tokens"]),
+        n_rejected=int(m["n_rejected"]),
         attempt=m[R.c.attempt],
+        head_hash=m[R.c.head_hash],
+        head_seq=m[R.c.head_seq],
+        key_revoked_at=m[R.c.key_revoked_at],
     )
 
 
@@ -96,9 +126,17 @@ def rollouts(
     batch: str | Sequence[str] | None = None,
     status: str | Sequence[str] | None = None,
     ids: Sequence[str] | None = None,
+    task: str | None = None,
+    harness: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    drift: str | None = None,
     limit: int | None = None,
+    offset: int = 0,
     oldest_first: bool = False,
 ) -> list[RolloutView]:
+    """Rollouts matching every filter given. `drift` reads the stored analysis (a rollout is
+    analysed when it finishes): one of DRIFT_FILTERS."""
     query = _rollouts()
     if batch is not None:
         query = query.where(R.c.batch_id.in_([batch] if isinstance(batch, str) else batch))
@@ -106,11 +144,107 @@ def rollouts(
         query = query.where(R.c.status.in_([status] if isinstance(status, str) else status))
     if ids is not None:
         query = query.where(R.c.id.in_(ids))
+    if task is not None:
+        query = query.where(R.c.task_id == task)
+    if harness is not None:
+        query = query.where(R.c.harness == harness)
+    if min_reward is not None:
+        query = query.where(R.c.reward >= min_reward)
+    if max_reward is not None:
+        query = query.where(R.c.reward <= max_reward)
+    if drift is not None:
+        query = query.where(_drift_clause(drift))
     order = (R.c.created_at, R.c.id) if oldest_first else (R.c.created_at.desc(), R.c.id.desc())
     query = query.order_by(*order)
     if limit is not None:
         query = query.limit(limit)
+    if offset:
+        query = query.offset(offset)
     return [_rollout_view(row) for row in conn.execute(query)]
+
+
+def _drift_clause(drift: str) -> Any:
+    if drift not in DRIFT_FILTERS:
+        raise ValueError(f"unknown drift filter {drift!r}; use one of {', '.join(DRIFT_FILTERS)}")
+    breaks = exists().where(SB.c.rollout_id == R.c.id, SB.c.kind == LinkKind.BREAK.value)
+    if drift == "any":
+        return breaks
+    if drift == "none":
+        return exists().where(RF.c.rollout_id == R.c.id) & ~breaks
+    return breaks.where(SB.c.drift == drift)
+
+
+def analyses(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:
+    """The stored faithfulness summary of each rollout that has one."""
+    rows = conn.execute(select(RF).where(RF.c.rollout_id.in_(rollout_ids)))
+    return {
+        r.rollout_id: RolloutAnalysis(
+            rollout_id=r.rollout_id,
+            analyzed_at=r.analyzed_at,
+            calls=r.calls,
+            segments=r.segments,
+            sampled_tokens=r.sampled_tokens,
+            lost_tokens=r.lost_tokens,
+            share=r.share,
+            breaks=dict(r.breaks or {}),
+            side_calls=r.side_calls,
+        )
+        for r in rows
+    }
+
+
+def batches(
+    conn: Connection, *, pass_reward: float = 1.0, limit: int | None = None, offset: int = 0
+) -> list[BatchView]:
+    """Batches, the most recently started first, with their rollouts counted by status and
+    their rewards summed up. `pass_reward`: the reward at which a sample counts as passed."""
+    newest = (
+        select(R.c.batch_id)
+        .where(R.c.batch_id.is_not(None))
+        .group_by(R.c.batch_id)
+        .order_by(func.max(R.c.created_at).desc(), R.c.batch_id)
+        .offset(offset)
+    )
+    if limit is not None:
+        newest = newest.limit(limit)
+    ids = list(conn.execute(newest).scalars())
+    if not ids:
+        return []
+    totals = conn.execute(
+        select(
+            R.c.batch_id,
+            func.count(func.distinct(R.c.task_id)),
+            func.count(R.c.reward),
+            func.sum(R.c.reward),
+            func.sum(case((R.c.reward >= pass_reward, 1), else_=0)),
+            func.min(R.c.created_at),
+            func.max(R.c.finished_at),
+        )
+        .where(R.c.batch_id.in_(ids))
+        .group_by(R.c.batch_id)
+    )
+    by_status: dict[str, dict[str, int]] = {batch_id: {} for batch_id in ids}
+    for batch_id, status, n in conn.execute(
+        select(R.c.batch_id, R.c.status, func.count())
+        .where(R.c.batch_id.in_(ids))
+        .group_by(R.c.batch_id, R.c.status)
+    ):
+        by_status[batch_id][status] = int(n)
+    views = {
+        batch_id: BatchView(
+            batch_id=batch_id,
+            rollouts=sum(by_status[batch_id].values()),
+            tasks=int(tasks),
+            statuses=by_status[batch_id],
+            rewarded=int(rewarded),
+            mean_reward=None if not rewarded else float(total) / int(rewarded),
+            passed=int(passed or 0),
+            created_at=first,
+            finished_at=last,
+        )
+        for batch_id, tasks, rewarded, total, passed, first, last in totals
+    }
+    return [views[batch_id] for batch_id in ids]
 
 
 _CALL_COLUMNS = [c for c in C.c if c.name not in ("prompt_suffix",)]
@@ -144,6 +278,9 @@ def _call_view(row: Row[Any]) -> CallView:
         prompt_tokens=m["prompt_tokens"],
         completion_tokens=m["completion_tokens"],
         n_choices=m["n_choices"],
+        resumes=m["resumes"],
+        digest=m["digest"],
+        hash=m["hash"],
     )
 
 
@@ -170,6 +307,25 @@ def call_bodies(conn: Connection, call_id: str) -> CallBodies:
         engine_request=compress.inflate(row.engine_request),
         response=compress.inflate(row.response),
     )
+
+
+def rollout_bodies(
+    conn: Connection, rollout_id: str, *, engine_requests: bool = False
+) -> dict[str, CallBodies]:
+    """Every call's recorded bodies, by call id (the engine's requests only when asked)."""
+    engine = B.c.engine_request if engine_requests else null()
+    rows = conn.execute(
+        select(B.c.call_id, B.c.request, engine, B.c.response)
+        .join(C, C.c.id == B.c.call_id)
+        .where(C.c.rollout_id == rollout_id)
+        .order_by(C.c.seq)
+    )
+    return {
+        call_id: CallBodies(
+            compress.inflate(request), compress.inflate(engine_request), compress.inflate(response)
+        )
+        for call_id, request, engine_request, response in rows
+    }
 
 
 def rollout_tokens(
@@ -234,25 +390,57 @@ _LOCK_ROLLOUTS = (
     .order_by(R.c.id)
     .with_for_update()
 )
-_LAST_SEQS = (
-    select(C.c.rollout_id, func.max(C.c.seq))
+_LAST = (
+    select(C.c.rollout_id, func.max(C.c.seq).label("seq"))
     .where(C.c.rollout_id.in_(bindparam("ids", expanding=True)))
     .group_by(C.c.rollout_id)
+    .subquery()
+)
+_CHAIN_ENDS = select(C.c.rollout_id, C.c.seq, C.c.hash).select_from(
+    C.join(_LAST, (C.c.rollout_id == _LAST.c.rollout_id) & (C.c.seq == _LAST.c.seq))
 )
 
 
-def lock_next_seqs(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, int]:
-    """Next free seq per rollout, locking the rollouts' rows until the transaction ends.
+@dataclass(frozen=True)
+class ChainEnd:
+    """Where a rollout's next call goes: its seq, and the hash it chains to (chain.py)."""
+
+    next_seq: int
+    prev: bytes
+
+
+def lock_chain_ends(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, ChainEnd]:
+    """Next free seq and previous hash per rollout, locking the rollouts' rows until the
+    transaction ends.
 
     The row lock serialises writers of the same rollout across processes on PostgreSQL; on
-    SQLite the writer's BEGIN IMMEDIATE already holds the database's write lock. The maximum is
+    SQLite the writer's BEGIN IMMEDIATE already holds the database's write lock. The last call is
     read by a second statement: one statement would keep the snapshot it took before waiting.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(_LOCK_ROLLOUTS, {"ids": list(rollout_ids)})
-    rows = conn.execute(_LAST_SEQS, {"ids": list(rollout_ids)})
-    last: dict[str, int | None] = {rid: value for rid, value in rows}
-    return {rid: int(last.get(rid) or 0) + 1 for rid in rollout_ids}
+    rows = conn.execute(_CHAIN_ENDS, {"ids": list(rollout_ids)})
+    last = {rid: (seq, stored) for rid, seq, stored in rows}
+    ends = {}
+    for rid in rollout_ids:
+        seq, stored = last.get(rid, (0, None))
+        ends[rid] = ChainEnd(int(seq) + 1, prev_of(stored))
+    return ends
+
+
+def chain_end(conn: Connection, rollout_id: str) -> tuple[int, str]:
+    """(seq, hash) of a rollout's last call; (0, GENESIS_HEX) when it has none. Lock first."""
+    row = conn.execute(_CHAIN_ENDS, {"ids": [rollout_id]}).first()
+    if row is None:
+        return 0, GENESIS_HEX
+    return int(row.seq), row.hash if row.hash is not None else GENESIS_HEX
+
+
+def lock_rollout(conn: Connection, rollout_id: str) -> None:
+    """Hold a rollout's row until the transaction ends (PostgreSQL; SQLite's writer holds the
+    whole database already), so no other writer appends a call meanwhile."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_ROLLOUTS, {"ids": [rollout_id]})
 
 
 def latest_call_with_body(
@@ -268,3 +456,18 @@ def latest_call_with_body(
         )
     ).first()
     return None if row is None else (row[0], row[1])
+
+
+def call_receipts(conn: Connection, call_ids: Sequence[str | None]) -> dict[str, CallReceipt]:
+    """Receipts of those calls that are already stored (a retried batch asks)."""
+    wanted = [i for i in call_ids if i]
+    if not wanted:
+        return {}
+    rows = conn.execute(select(C.c.id, C.c.seq).where(C.c.id.in_(wanted)))
+    return {call_id: CallReceipt(call_id, seq) for call_id, seq in rows}
+
+
+def existing_rollouts(conn: Connection, rollout_ids: Sequence[str]) -> set[str]:
+    if not rollout_ids:
+        return set()
+    return set(conn.execute(select(R.c.id).where(R.c.id.in_(list(rollout_ids)))).scalars())

@@ -6,14 +6,22 @@ a trainer that already runs an event loop of its own.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
+from rolltap.store.analysis import LoopThread
 from rolltap.store.drift import Detokenizer
-from rolltap.store.records import CallBodies, CallTokens, CallView, RolloutView
+from rolltap.store.integrity import RolloutIntegrity
+from rolltap.store.records import (
+    BatchView,
+    CallBodies,
+    CallTokens,
+    CallView,
+    RolloutAnalysis,
+    RolloutView,
+)
+from rolltap.store.replay import ReplayReport
 from rolltap.store.store import Store
 from rolltap.store.trajectory import CHUNK, RolloutTrajectories, Trajectory
 from rolltap.store.url import DatabaseURL
@@ -21,28 +29,11 @@ from rolltap.store.url import DatabaseURL
 T = TypeVar("T")
 
 
-class _LoopThread:
-    def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="rolltap-store", daemon=True
-        )
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-
 class StoreReader:
-    def __init__(self, url: str | DatabaseURL | None = None) -> None:
-        self._loop = _LoopThread()
+    def __init__(self, url: str | DatabaseURL | None = None, *, read_only: bool = False) -> None:
+        self._loop = LoopThread("rolltap-store")
         try:
-            self._store = self._loop.run(Store.connect(url))
+            self._store = self._loop.run(Store.connect(url, read_only=read_only))
         except BaseException:
             self._loop.stop()
             raise
@@ -74,14 +65,38 @@ class StoreReader:
         batch: str | Sequence[str] | None = None,
         status: str | Sequence[str] | None = None,
         ids: Sequence[str] | None = None,
+        task: str | None = None,
+        harness: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        drift: str | None = None,
         limit: int | None = None,
+        offset: int = 0,
         oldest_first: bool = False,
     ) -> list[RolloutView]:
         return self.run(
             self._store.rollouts(
-                batch=batch, status=status, ids=ids, limit=limit, oldest_first=oldest_first
+                batch=batch,
+                status=status,
+                ids=ids,
+                task=task,
+                harness=harness,
+                min_reward=min_reward,
+                max_reward=max_reward,
+                drift=drift,
+                limit=limit,
+                offset=offset,
+                oldest_first=oldest_first,
             )
         )
+
+    def analyses(self, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:
+        return self.run(self._store.analyses(rollout_ids))
+
+    def batches(
+        self, *, pass_reward: float = 1.0, limit: int | None = None, offset: int = 0
+    ) -> list[BatchView]:
+        return self.run(self._store.batches(pass_reward=pass_reward, limit=limit, offset=offset))
 
     def rollout(self, rollout_id: str) -> RolloutView:
         return self.run(self._store.rollout(rollout_id))
@@ -100,6 +115,14 @@ class StoreReader:
 
     def call_bodies(self, call_id: str) -> CallBodies:
         return self.run(self._store.call_bodies(call_id))
+
+    def replay_report(self, rollout_id: str) -> ReplayReport | None:
+        """A replay's report, or an original's latest replay's (store/replay.py)."""
+        return self.run(self._store.replay_report(rollout_id))
+
+    def verify_rollout(self, rollout_id: str) -> RolloutIntegrity:
+        """The rollout's record checked against its hash chain (store/integrity.py)."""
+        return self.run(self._store.verify_rollout(rollout_id))
 
     def trajectories(
         self,
@@ -142,6 +165,9 @@ class StoreReader:
         return self.run(self._store.analyze_rollout(rollout_id, detokenizer=detokenizer))
 
 
-def open(url: str | DatabaseURL | None = None) -> StoreReader:
-    """Open the store at `url` (default: ROLLTAP_DB, else the embedded SQLite file)."""
-    return StoreReader(url if url is not None else os.environ.get("ROLLTAP_DB"))
+def open(url: str | DatabaseURL | None = None, *, read_only: bool = False) -> StoreReader:
+    """Open the store at `url` (default: ROLLTAP_DB, else the embedded SQLite file).
+    `read_only`: create, migrate and write nothing (the schema must be current)."""
+    return StoreReader(
+        url if url is not None else os.environ.get("ROLLTAP_DB"), read_only=read_only
+    )

@@ -66,6 +66,8 @@ class CallRecord:
     retry_count: int = 0
     body_hash: str | None = None
     retry_of: str | None = None
+    resumes: str | None = None
+    """The call whose aborted answer this one continues (a weight update in abort_resume)."""
     prompt_ids: IdArray | None = None
     choices: list[ChoiceRecord] = field(default_factory=list)
     request_body: bytes | None = None
@@ -105,7 +107,41 @@ class RolloutView:
     n_calls: int = 0
     n_tokens: int = 0
     """Prompt plus completion tokens over all calls."""
+    n_rejected: int = 0
+    """Calls the proxy refused (bad request, finished rollout, budget): budgets don't count them."""
     attempt: int = 0
+    head_hash: str | None = None
+    """The hash of its last call when the rollout ended (store/chain.py); None while it runs."""
+    head_seq: int | None = None
+    key_revoked_at: datetime | None = None
+    """Set when the harness ended: the proxy refuses the key's calls from then on."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON values under stable names (`rolltap ls --json`); times are ISO 8601 UTC."""
+        return {
+            "id": self.id,
+            "batch_id": self.batch_id,
+            "task_id": self.task_id,
+            "sample_index": self.sample_index,
+            "attempt": self.attempt,
+            "harness": self.harness,
+            "model": self.model,
+            "status": self.status.value,
+            "reward": self.reward,
+            "reward_details": self.reward_details,
+            "error": self.error,
+            "max_calls": self.max_calls,
+            "max_tokens": self.max_tokens,
+            "n_calls": self.n_calls,
+            "n_tokens": self.n_tokens,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "head_hash": self.head_hash,
+            "head_seq": self.head_seq,
+            "key_revoked_at": _iso(self.key_revoked_at),
+            "meta": self.meta,
+        }
 
 
 @dataclass(frozen=True)
@@ -135,6 +171,48 @@ class CallView:
     prompt_tokens: int
     completion_tokens: int
     n_choices: int
+    resumes: str | None = None
+    """The call whose aborted answer this one continues (see CallRecord.resumes)."""
+    digest: str | None = None
+    """SHA-256 of the record's canonical encoding (store/chain.py)."""
+    hash: str | None = None
+    """Its link in the rollout's hash chain (store/chain.py)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON values under stable names (`rolltap show --json`); times are ISO 8601 UTC."""
+        return {
+            "id": self.id,
+            "rollout_id": self.rollout_id,
+            "seq": self.seq,
+            "dialect": self.dialect.value,
+            "purpose": self.purpose,
+            "model": self.model,
+            "backend": self.backend,
+            "status": self.status.value,
+            "http_status": self.http_status,
+            "error": self.error,
+            "stream": self.stream,
+            "capture": self.capture.value,
+            "received_at": _iso(self.received_at),
+            "dispatched_at": _iso(self.dispatched_at),
+            "first_token_at": _iso(self.first_token_at),
+            "finished_at": _iso(self.finished_at),
+            "weight_version": self.weight_version,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage,
+            "retry_count": self.retry_count,
+            "retry_of": self.retry_of,
+            "body_hash": self.body_hash,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "n_choices": self.n_choices,
+            "digest": self.digest,
+            "hash": self.hash,
+        }
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
 
 
 @dataclass(frozen=True)
@@ -157,3 +235,36 @@ class CallBodies:
     request: bytes | None
     engine_request: bytes | None
     response: bytes | None
+
+
+@dataclass(frozen=True)
+class RolloutAnalysis:
+    """A rollout's stored faithfulness summary (written when it finished; see trajectory)."""
+
+    rollout_id: str
+    analyzed_at: datetime
+    calls: int
+    """Calls the rollout had when analysed: fewer than it has now means the summary is stale."""
+    segments: int
+    sampled_tokens: int
+    lost_tokens: int
+    share: float
+    breaks: dict[str, int]
+    """Breaks by drift class."""
+    side_calls: int
+
+
+@dataclass(frozen=True)
+class BatchView:
+    batch_id: str
+    rollouts: int
+    """Every attempt, superseded ones (cancelled) included."""
+    tasks: int
+    statuses: dict[str, int]
+    rewarded: int
+    """Rollouts with a reward."""
+    mean_reward: float | None
+    passed: int
+    """Rollouts whose reward reached the pass mark."""
+    created_at: datetime
+    finished_at: datetime | None

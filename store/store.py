@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import migrate, queries, trajectory
+from rolltap.store import integrity, migrate, queries, trajectory
+from rolltap.store.analysis import AnalysisThread
 from rolltap.store.database import Database, open_database, unavailable
 from rolltap.store.drift import Detokenizer
-from rolltap.store.errors import InvalidTokens
-from rolltap.store.ids import hash_key
+from rolltap.store.errors import InvalidTokens, NotFound, ReadOnly
+from rolltap.store.ids import hash_key, new_id, new_key
 from rolltap.store.models import RolloutStatus
 from rolltap.store.packing import as_ids, as_logprobs
 from rolltap.store.records import (
+    BatchView,
     CallBodies,
     CallReceipt,
     CallRecord,
@@ -25,8 +27,10 @@ from rolltap.store.records import (
     ChoiceRecord,
     CreatedRollout,
     NewRollout,
+    RolloutAnalysis,
     RolloutView,
 )
+from rolltap.store.replay import REPLAYS, ReplayReport, report_of
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
 from rolltap.store.url import DatabaseURL, resolve_url
 from rolltap.store.writer import (
@@ -34,6 +38,7 @@ from rolltap.store.writer import (
     Apply,
     CreateRollout,
     GroupCommitWriter,
+    StoreStatus,
     UpdateRollout,
 )
 
@@ -44,6 +49,7 @@ FINAL_STATUSES = {
     RolloutStatus.CANCELLED,
     RolloutStatus.BUDGET_EXCEEDED,
 }
+_FINAL_VALUES = {s.value for s in FINAL_STATUSES}
 _UPDATABLE = {
     "status",
     "reward",
@@ -56,22 +62,42 @@ _UPDATABLE = {
     "model",
     "max_calls",
     "max_tokens",
+    "key_revoked_at",
 }
 
 
 class Store:
     """Open with `await Store.connect(url)`; close with `await store.close()`."""
 
-    def __init__(self, db: Database, writer: GroupCommitWriter) -> None:
+    def __init__(self, db: Database, writer: GroupCommitWriter | None) -> None:
         self.db = db
+        # None when opened read-only: every write then raises ReadOnly.
         self._writer = writer
+        self._analysis = AnalysisThread(db.url, read_only=writer is None)
+        self._on_finished: list[Callable[[str], None]] = []
 
     @classmethod
-    async def connect(cls, url: str | DatabaseURL | None = None, *, migrate_: bool = True) -> Store:
+    async def connect(
+        cls,
+        url: str | DatabaseURL | None = None,
+        *,
+        migrate_: bool = True,
+        read_only: bool = False,
+        capacity: int = 4096,
+        outage_limit: float = 300.0,
+        slow_after: float = 5.0,
+    ) -> Store:
+        """`read_only`: for viewers; nothing is created, migrated or written, and the schema
+        must already be the current one. `capacity`: queued writes past which `accepting()` is
+        false (the proxy then refuses new calls); `outage_limit`: seconds a write waits for an
+        unreachable database before it fails; `slow_after`: seconds a commit may wait before
+        `status()` calls the store slow."""
         resolved = url if isinstance(url, DatabaseURL) else resolve_url(url)
-        db = open_database(resolved)
+        db = open_database(resolved, read_only=read_only)
         try:
-            if migrate_:
+            if read_only:
+                await migrate.check_schema(db)
+            elif migrate_:
                 await migrate.ensure_schema(db)
             else:
                 await migrate.current_revision(db)
@@ -81,12 +107,18 @@ class Store:
         except BaseException:
             await db.dispose()
             raise
-        writer = GroupCommitWriter(db)
+        if read_only:
+            return cls(db, None)
+        writer = GroupCommitWriter(
+            db, capacity=capacity, outage_limit=outage_limit, slow_after=slow_after
+        )
         writer.start()
         return cls(db, writer)
 
     async def close(self) -> None:
-        await self._writer.close()
+        await self._analysis.close()
+        if self._writer is not None:
+            await self._writer.close()
         await self.db.dispose()
 
     async def __aenter__(self) -> Store:
@@ -97,15 +129,38 @@ class Store:
 
     @property
     def commits(self) -> int:
-        return self._writer.commits
+        return 0 if self._writer is None else self._writer.commits
+
+    def accepting(self) -> bool:
+        """Whether the write queue has room for a new call's record."""
+        return self._writes().accepting()
+
+    def status(self) -> StoreStatus:
+        """ok, or why not: the database unreachable, a commit stuck, the queue full."""
+        return self._writes().status()
+
+    def _writes(self) -> GroupCommitWriter:
+        if self._writer is None:
+            raise ReadOnly("this store was opened read-only")
+        return self._writer
 
     # --- writes (durable when the awaited call returns) ------------------------------------
 
     async def create_rollout(self, new: NewRollout | None = None) -> CreatedRollout:
-        result: CreatedRollout = await self._writer.submit(CreateRollout(new or NewRollout()))
+        new = new or NewRollout()
+        op = CreateRollout(new, new_id(), new.key or new_key())
+        result: CreatedRollout = await self._writes().submit(op)
         return result
 
-    async def update_rollout(self, rollout_id: str, **values: Any) -> None:
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        *,
+        only_from: Iterable[RolloutStatus] | None = None,
+        **values: Any,
+    ) -> None:
+        """`only_from`: apply only while the rollout has one of these statuses (a transition
+        that must not undo another, e.g. pending -> running after the rollout already ended)."""
         unknown = set(values) - _UPDATABLE
         if unknown:
             raise TypeError(f"cannot update rollout fields {sorted(unknown)}")
@@ -117,16 +172,27 @@ class Store:
                 values.setdefault("started_at", now)
             if status in FINAL_STATUSES:
                 values.setdefault("finished_at", now)
-        await self._writer.submit(UpdateRollout(rollout_id, values))
+        allowed = None if only_from is None else frozenset(s.value for s in only_from)
+        await self._writes().submit(UpdateRollout(rollout_id, values, allowed))
+        if values.get("status") in _FINAL_VALUES:
+            for listener in list(self._on_finished):
+                listener(rollout_id)
+
+    def on_finished(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(rollout_id)` once a final status written through this store is
+        durable (the proxy then drops what it caches about the rollout); returns the undo."""
+        self._on_finished.append(listener)
+        return lambda: self._on_finished.remove(listener)
 
     async def append_call(self, record: CallRecord) -> CallReceipt:
         """Store one call; returns once it is durable."""
-        result: CallReceipt = await self._writer.submit(AppendCall(_validated(record)))
+        result: CallReceipt = await self._writes().submit(AppendCall(_validated(record)))
         return result
 
     def forget(self, rollout_id: str) -> None:
         """Release the writer's cached state of a rollout that will get no more calls."""
-        self._writer.forget(rollout_id)
+        if self._writer is not None:
+            self._writer.forget(rollout_id)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -142,16 +208,40 @@ class Store:
         batch: str | Sequence[str] | None = None,
         status: str | Sequence[str] | None = None,
         ids: Sequence[str] | None = None,
+        task: str | None = None,
+        harness: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        drift: str | None = None,
         limit: int | None = None,
+        offset: int = 0,
         oldest_first: bool = False,
     ) -> list[RolloutView]:
+        """Rollouts matching every filter given, newest first (see queries.rollouts)."""
         return await self.db.read(
             queries.rollouts,
             batch=batch,
             status=status,
             ids=ids,
+            task=task,
+            harness=harness,
+            min_reward=min_reward,
+            max_reward=max_reward,
+            drift=drift,
             limit=limit,
+            offset=offset,
             oldest_first=oldest_first,
+        )
+
+    async def analyses(self, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:
+        """The stored faithfulness summaries of these rollouts (finished ones have one)."""
+        return await self.db.read(queries.analyses, rollout_ids)
+
+    async def batches(
+        self, *, pass_reward: float = 1.0, limit: int | None = None, offset: int = 0
+    ) -> list[BatchView]:
+        return await self.db.read(
+            queries.batches, pass_reward=pass_reward, limit=limit, offset=offset
         )
 
     async def calls(self, rollout_id: str) -> list[CallView]:
@@ -169,10 +259,35 @@ class Store:
     async def call_bodies(self, call_id: str) -> CallBodies:
         return await self.db.read(queries.call_bodies, call_id)
 
+    async def rollout_bodies(
+        self, rollout_id: str, *, engine_requests: bool = False
+    ) -> dict[str, CallBodies]:
+        """Every call's recorded bodies, by call id, in one read."""
+        return await self.db.read(
+            queries.rollout_bodies, rollout_id, engine_requests=engine_requests
+        )
+
     async def latest_call_with_body(
         self, rollout_id: str, body_hash: str
     ) -> tuple[str, str] | None:
         return await self.db.read(queries.latest_call_with_body, rollout_id, body_hash)
+
+    async def replay_report(self, rollout_id: str) -> ReplayReport | None:
+        """The report of a replay rollout, or of an original's latest replay (store/replay.py);
+        None when it has none (yet)."""
+        view = await self.rollout(rollout_id)
+        report = report_of(view.meta)
+        replays = view.meta.get(REPLAYS)
+        if report is None and isinstance(replays, list) and replays:
+            try:
+                report = report_of((await self.rollout(str(replays[-1]))).meta)
+            except NotFound:
+                return None  # a replay listed but not in this database (an export, a copy)
+        return report
+
+    async def verify_rollout(self, rollout_id: str) -> integrity.RolloutIntegrity:
+        """Recompute a rollout's hash chain from what the store holds (store/integrity.py)."""
+        return await self.db.read(integrity.verify_rollout, rollout_id)
 
     # --- trajectories (see rolltap.store.trajectory) -----------------------------------------
 
@@ -181,13 +296,13 @@ class Store:
     ) -> RolloutTrajectories:
         """One rollout's segments as trajectories, with its breaks and faithfulness summary."""
         view = await self.rollout(rollout_id)
-        return (await trajectory.build(self.db, [view], detokenizer))[0]
+        return (await self._analysis.build([view], detokenizer))[0]
 
     async def build_trajectories(
         self, rollouts: Sequence[RolloutView], *, detokenizer: Detokenizer | None = None
     ) -> list[RolloutTrajectories]:
         """Several rollouts at once (a few queries for all of them): for exports."""
-        return await trajectory.build(self.db, rollouts, detokenizer)
+        return await self._analysis.build(rollouts, detokenizer)
 
     async def trajectories(
         self,
@@ -203,7 +318,7 @@ class Store:
             batch=batch, status=status, ids=_ids(rollouts), oldest_first=True
         )
         for start in range(0, len(views), chunk):
-            for built in await trajectory.build(self.db, views[start : start + chunk], detokenizer):
+            for built in await self._analysis.build(views[start : start + chunk], detokenizer):
                 for t in built.trajectories:
                     yield t
 
@@ -213,7 +328,7 @@ class Store:
         """Build a rollout's trajectories and record its breaks and faithfulness summary in the
         segment_break and rollout_faithfulness tables (replacing an earlier analysis)."""
         built = await self.rollout_trajectories(rollout_id, detokenizer=detokenizer)
-        await self._writer.submit(Apply(functools.partial(trajectory.record, built=built)))
+        await self._writes().submit(Apply(functools.partial(trajectory.record, built=built)))
         return built
 
 
@@ -223,6 +338,8 @@ def _ids(rollouts: str | Sequence[str] | None) -> Sequence[str] | None:
 
 def _validated(record: CallRecord) -> CallRecord:
     """Refuse bad token data before it is queued, so the caller gets the error, not the batch."""
+    # Fixed before the first attempt: a retried batch looks its calls up by id.
+    record.call_id = record.call_id or new_id()
     if record.prompt_ids is not None:
         record.prompt_ids = as_ids(record.prompt_ids)
     seen: set[int] = set()

@@ -24,6 +24,13 @@ the rollout splits; ``link`` says which earlier segment, call and choice the new
 from, at which token, and the drift class (see `rolltap.store.drift`). Text-only calls, failed
 calls and superseded retries never yield a trajectory.
 
+Versions and steps: ``weight_versions`` holds the policy version of each merged call and
+``min_version``/``max_version`` the oldest and newest of them (a rollout that straddled a weight
+update carries both). ``turns`` spans every answer (the call that sampled it, its version) and
+every observation between two answers (with a stable hash of its tokens, ``observation_hashes``)
+in ``response_ids`` coordinates; ``prompt_hash`` hashes the prompt the same way (see
+`rolltap.store.steps`).
+
 Field names for trainers
 ------------------------
 =======================  ==========================  ===================================
@@ -92,6 +99,7 @@ from rolltap.store.segments import (
     Skipped,
     assemble,
 )
+from rolltap.store.steps import TurnSpan, token_hash, turn_spans, version_range
 
 CHUNK = 64
 """Rollouts assembled per round of queries."""
@@ -145,6 +153,10 @@ class Trajectory:
     """The merged calls, in order."""
     weight_versions: tuple[str | None, ...]
     """The policy version each merged call was sampled with."""
+    turns: tuple[TurnSpan, ...]
+    """Every answer and every observation between two answers, as spans of `response_ids`."""
+    prompt_hash: str
+    """The stable hash (`rolltap.store.steps.token_hash`) of `prompt_ids`: the first state."""
     finish_reason: str | None
     """How the last merged call's sampling ended (stop, length, tool_calls...)."""
     link: SegmentLink | None
@@ -153,6 +165,8 @@ class Trajectory:
     has_logprobs: bool
     rollout_faithfulness: float
     """The rollout's share of sampled tokens still in the context they were sampled in."""
+    head_hash: str | None = None
+    """The rollout's sealed hash-chain head (store/chain.py): which record this came from."""
 
     @property
     def prompt_token_ids(self) -> IdArray:
@@ -169,6 +183,21 @@ class Trajectory:
     @property
     def n_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def min_version(self) -> str | None:
+        """The oldest policy version any of its calls was sampled with."""
+        return version_range(self.weight_versions)[0]
+
+    @property
+    def max_version(self) -> str | None:
+        """The newest policy version any of its calls was sampled with."""
+        return version_range(self.weight_versions)[1]
+
+    @property
+    def observation_hashes(self) -> tuple[str, ...]:
+        """The hash of every observation, in order (GiGPO-style anchor states)."""
+        return tuple(t.token_hash for t in self.turns if t.token_hash is not None)
 
 
 @dataclass(frozen=True)
@@ -389,6 +418,7 @@ def _trajectory(
 ) -> Trajectory:
     n = arrays.prompt_len
     link = segment.link
+    versions = tuple(meta[c].weight_version for c in segment.calls)
     return Trajectory(
         rollout_id=rollout.id,
         segment=segment.index,
@@ -403,7 +433,9 @@ def _trajectory(
         task_id=rollout.task_id,
         sample_index=rollout.sample_index,
         call_ids=tuple(segment.calls),
-        weight_versions=tuple(meta[c].weight_version for c in segment.calls),
+        weight_versions=versions,
+        turns=turn_spans(segment, arrays.ids, versions),
+        prompt_hash=token_hash(arrays.ids[:n]),
         finish_reason=segment.pieces[-1].sampled.finish_reason,
         link=None
         if link is None
@@ -414,6 +446,7 @@ def _trajectory(
         lost_tokens=arrays.lost_tokens,
         has_logprobs=arrays.has_logprobs,
         rollout_faithfulness=share,
+        head_hash=rollout.head_hash,
     )
 
 

@@ -2,28 +2,40 @@
 
 Callers get a future per write that resolves once its transaction committed, so a proxy can hold
 a response's last byte until its record is durable, while a thousand calls per second cost a few
-dozen commits. A batch that fails is retried one write at a time, so one bad write fails alone.
+dozen commits.
+
+When the database is away (store/outage.py), the whole batch is retried with backoff until it
+commits or its oldest write has waited `outage_limit` seconds; a retry first looks up which of its
+writes a lost-acknowledgement attempt already committed, so nothing is written twice. A batch that
+fails for any other reason is split in halves until the bad write fails alone.
+
+The queue is bounded softly: `accepting()` turns false once `capacity` writes wait, and the proxy
+then refuses new calls at intake; writes of calls already under way are always queued (their
+tokens were sampled), so the queue peaks at `capacity` plus the calls in flight when it filled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Table, insert, update
 from sqlalchemy.engine import Connection, Dialect
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
-from rolltap.store import compress, queries
+from rolltap.store import chain, compress, queries
 from rolltap.store.checkpoint import WalCheckpointer
 from rolltap.store.database import BUSY_TIMEOUT_MS, Database
 from rolltap.store.delta import KnownCall, RecentCalls, choose_parent
-from rolltap.store.errors import NotFound, WriterClosed
-from rolltap.store.ids import hash_key, new_id, new_key
+from rolltap.store.errors import DatabaseUnavailable, NotFound, WriterClosed
+from rolltap.store.ids import hash_key, new_id
 from rolltap.store.models import (
     RolloutStatus,
     call_body_table,
@@ -31,6 +43,7 @@ from rolltap.store.models import (
     choice_table,
     rollout_table,
 )
+from rolltap.store.outage import describe, is_outage
 from rolltap.store.packing import pack
 from rolltap.store.records import CallReceipt, CallRecord, CreatedRollout, NewRollout
 
@@ -40,22 +53,29 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AppendCall:
     record: CallRecord
+    """Its call_id is set before the first attempt, so a retry can tell whether it committed."""
 
 
 @dataclass(frozen=True)
 class CreateRollout:
     new: NewRollout
+    rollout_id: str
+    key: str
 
 
 @dataclass(frozen=True)
 class UpdateRollout:
     rollout_id: str
     values: dict[str, Any]
+    only_from: frozenset[str] | None = None
+    """Statuses the rollout must have for the update to apply (a transition, not a set)."""
 
 
 @dataclass(frozen=True)
 class Apply:
-    """Any other write: a function run inside the batch's transaction, on the one writer."""
+    """Any other write: a function run inside the batch's transaction, on the one writer.
+
+    It must be idempotent: after a lost acknowledgement it runs again."""
 
     fn: Callable[[Connection], Any]
 
@@ -67,6 +87,9 @@ Op = AppendCall | CreateRollout | UpdateRollout | Apply
 class _Pending:
     op: Op
     future: asyncio.Future[Any]
+    submitted: float
+    """time.monotonic() at submit: a write waits out an outage for at most outage_limit."""
+    settled: bool = False
 
 
 @dataclass
@@ -74,22 +97,63 @@ class _Staged:
     """What a transaction added, merged into the writer's caches only once it committed."""
 
     next_seq: dict[str, int] = field(default_factory=dict)
+    prev_hash: dict[str, bytes] = field(default_factory=dict)
+    """The hash each rollout's next call chains to (chain.py)."""
     known: dict[str, list[KnownCall]] = field(default_factory=dict)
     calls: list[dict[str, Any]] = field(default_factory=list)
     choices: list[dict[str, Any]] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
+class StoreState(StrEnum):
+    OK = "ok"
+    DOWN = "down"
+    """The last attempt found the database unreachable; writes wait and are retried."""
+    SLOW = "slow"
+    """A commit has been waiting longer than slow_after (e.g. a SQLite file locked by another
+    process)."""
+    BACKLOG = "backlog"
+    """capacity writes are queued: new calls are refused until the queue drains."""
+
+
+@dataclass(frozen=True)
+class StoreStatus:
+    state: StoreState
+    reason: str | None
+    queued: int
+    capacity: int
+
+    @property
+    def accepting(self) -> bool:
+        return self.queued < self.capacity
+
+
 _STOP = object()
 
 
 class GroupCommitWriter:
-    def __init__(self, db: Database, *, max_batch: int = 512, recent: RecentCalls | None = None):
+    def __init__(
+        self,
+        db: Database,
+        *,
+        max_batch: int = 512,
+        capacity: int = 4096,
+        outage_limit: float = 300.0,
+        slow_after: float = 5.0,
+        recent: RecentCalls | None = None,
+    ):
         self._db = db
         self._max_batch = max_batch
+        self._capacity = capacity
+        self._outage_limit = outage_limit
+        self._slow_after = slow_after
         self._recent = recent or RecentCalls()
         self._inserts = _Inserts()
         self._queue: asyncio.Queue[_Pending | object] = asyncio.Queue()
+        self._queued = 0
+        """Writes submitted and not yet settled (queued or in the batch being committed)."""
+        self._down_since: float | None = None
+        self._attempt_since: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         # SQLite: all batches run on one thread with the writer's own connection, and WAL
@@ -121,11 +185,35 @@ class GroupCommitWriter:
             await asyncio.to_thread(self._checkpointer.close)
 
     def submit(self, op: Op) -> asyncio.Future[Any]:
+        """Queue a write; never refused for a full queue (see accepting())."""
         if self._closed:
             raise WriterClosed("the store is closed")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(op, future))
+        self._queued += 1
+        self._queue.put_nowait(_Pending(op, future, time.monotonic()))
         return future
+
+    def accepting(self) -> bool:
+        """Whether the queue has room for the writes of a new call."""
+        return self._queued < self._capacity
+
+    def status(self) -> StoreStatus:
+        now = time.monotonic()
+        state, reason = StoreState.OK, None
+        if self._down_since is not None:
+            state = StoreState.DOWN
+            # No driver text here: /health is open, also to sandboxes; the log has the detail.
+            reason = (
+                f"database unreachable for {now - self._down_since:.0f} s; "
+                f"{self._queued} writes waiting"
+            )
+        elif self._attempt_since is not None and now - self._attempt_since > self._slow_after:
+            state = StoreState.SLOW
+            reason = f"a commit has waited {now - self._attempt_since:.0f} s"
+        elif self._queued >= self._capacity:
+            state = StoreState.BACKLOG
+            reason = f"{self._queued} writes queued (capacity {self._capacity})"
+        return StoreStatus(state, reason, self._queued, self._capacity)
 
     async def _run(self) -> None:
         stopping = False
@@ -140,39 +228,107 @@ class GroupCommitWriter:
                     stopping = True
                     break
                 batch.append(more)
-            await self._commit([p for p in batch if isinstance(p, _Pending)])
+            pending = [p for p in batch if isinstance(p, _Pending)]
+            try:
+                await self._commit(pending)
+            except Exception as e:  # a bug here must not stop every later write
+                log.exception("store writer failed on a batch")
+                for p in pending:
+                    self._settle(p, error=e)
 
     async def _commit(self, batch: list[_Pending]) -> None:
         try:
-            results = await self._transaction(batch)
+            results = await self._waiting_out_outages(batch)
         except Exception as e:
-            if len(batch) > 1:
-                # One bad write must not fail the others: redo each on its own.
+            if is_outage(e):
+                error = DatabaseUnavailable(
+                    f"the store was unreachable for {self._outage_limit:.0f} s: {describe(e)}"
+                )
                 for pending in batch:
-                    await self._commit([pending])
+                    self._settle(pending, error=error)
+                return
+            if len(batch) > 1:
+                # Halve until the bad write fails alone; the others commit.
+                middle = len(batch) // 2
+                await self._commit(batch[:middle])
+                await self._commit(batch[middle:])
                 return
             log.debug("store write failed: %r", e)
-            if not batch[0].future.done():
-                batch[0].future.set_exception(e)
+            self._settle(batch[0], error=e)
             return
         for pending, result in zip(batch, results, strict=True):
-            if not pending.future.done():
-                pending.future.set_result(result)
+            self._settle(pending, result)
 
-    async def _transaction(self, batch: list[_Pending]) -> list[Any]:
-        ops = [p.op for p in batch]
-        if self._thread is not None:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._thread, self._transaction_in_thread, ops)
-        async with self._db.writer.begin() as conn:
-            results, staged = await conn.run_sync(self._apply, ops)
-        self._committed(staged)
+    def _settle(
+        self, pending: _Pending, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        if pending.settled:
+            return
+        pending.settled = True
+        self._queued -= 1
+        if pending.future.done():  # its caller stopped waiting; the write stands regardless
+            return
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(result)
+
+    async def _waiting_out_outages(self, batch: list[_Pending]) -> list[Any]:
+        """The batch's transaction, retried whole with backoff while the database is away."""
+        oldest = min(p.submitted for p in batch)
+        attempts = 0
+
+        async def attempt() -> list[Any]:
+            nonlocal attempts
+            attempts += 1
+            return await self._transaction(batch, retry=attempts > 1)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_outage),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.1),
+            stop=lambda _: time.monotonic() - oldest >= self._outage_limit,
+            before_sleep=self._went_down,
+            reraise=True,
+        )
+        results: list[Any] = await retrying(attempt)
+        if self._down_since is not None:
+            log.warning(
+                "store reachable again after %.1f s; %d writes waiting",
+                time.monotonic() - self._down_since,
+                self._queued,
+            )
+            self._down_since = None
         return results
 
-    def _transaction_in_thread(self, ops: list[Op]) -> list[Any]:
+    def _went_down(self, state: RetryCallState) -> None:
+        if self._down_since is None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            self._down_since = time.monotonic()
+            log.warning(
+                "store unreachable (%s): writes wait and are retried",
+                describe(error) if error is not None else "unknown",
+            )
+
+    async def _transaction(self, batch: list[_Pending], *, retry: bool) -> list[Any]:
+        ops = [p.op for p in batch]
+        self._attempt_since = time.monotonic()
+        try:
+            if self._thread is not None:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(
+                    self._thread, self._transaction_in_thread, ops, retry
+                )
+            async with self._db.writer.begin() as conn:
+                results, staged = await conn.run_sync(self._apply, ops, retry)
+            self._committed(staged)
+            return results
+        finally:
+            self._attempt_since = None
+
+    def _transaction_in_thread(self, ops: list[Op], retry: bool) -> list[Any]:
         assert self._db.sync_writer is not None
         with self._db.sync_writer.begin() as conn:
-            results, staged = self._apply(conn, ops)
+            results, staged = self._apply(conn, ops, retry)
         self._committed(staged)
         return results
 
@@ -184,22 +340,43 @@ class GroupCommitWriter:
             for k in known:
                 self._recent.add(rollout_id, k)
 
-    def _apply(self, conn: Connection, ops: list[Op]) -> tuple[list[Any], _Staged]:
-        """The batch as statements on one connection, inside the caller's transaction."""
+    def _apply(
+        self, conn: Connection, ops: list[Op], retry: bool = False
+    ) -> tuple[list[Any], _Staged]:
+        """The batch as statements on one connection, inside the caller's transaction.
+
+        This is the one place where a batch becomes a transaction. On a `retry` (the previous
+        attempt lost its connection, perhaps after its COMMIT went through) the calls and
+        rollouts that attempt already wrote are answered from the database, not written again.
+        """
         staged = _Staged()
         results: list[Any] = []
+        written_calls: dict[str, CallReceipt] = {}
+        written_rollouts: set[str] = set()
+        if retry:
+            written_calls = queries.call_receipts(
+                conn, [op.record.call_id for op in ops if isinstance(op, AppendCall)]
+            )
+            written_rollouts = queries.existing_rollouts(
+                conn, [op.rollout_id for op in ops if isinstance(op, CreateRollout)]
+            )
         appended = {op.record.rollout_id for op in ops if isinstance(op, AppendCall)}
         if appended:
-            staged.next_seq = queries.lock_next_seqs(conn, sorted(appended))
+            ends = queries.lock_chain_ends(conn, sorted(appended))
+            staged.next_seq = {rid: end.next_seq for rid, end in ends.items()}
+            staged.prev_hash = {rid: end.prev for rid, end in ends.items()}
         for op in ops:
             if isinstance(op, AppendCall):
-                results.append(self._stage_call(conn, op.record, staged))
+                written = written_calls.get(op.record.call_id or "")
+                results.append(written or self._stage_call(conn, op.record, staged))
                 continue
             self._inserts.flush(conn, staged)
             if isinstance(op, CreateRollout):
-                results.append(_create_rollout(conn, op.new))
+                if op.rollout_id not in written_rollouts:
+                    _create_rollout(conn, op)
+                results.append(CreatedRollout(op.rollout_id, op.key))
             elif isinstance(op, UpdateRollout):
-                _update_rollout(conn, op.rollout_id, op.values)
+                _update_rollout(conn, op.rollout_id, op.values, op.only_from)
                 results.append(None)
             else:
                 results.append(op.fn(conn))
@@ -274,6 +451,7 @@ class GroupCommitWriter:
                 "retry_count": record.retry_count,
                 "body_hash": record.body_hash,
                 "retry_of": record.retry_of,
+                "resumes": record.resumes,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "n_choices": len(record.choices),
@@ -294,6 +472,7 @@ class GroupCommitWriter:
                     "logprobs": None if choice.logprobs is None else pack(choice.logprobs),
                 }
             )
+        _chain(record, staged)
         if record.request_body or record.engine_request or record.response_body:
             staged.bodies.append(
                 {
@@ -376,12 +555,12 @@ class _Inserts:
             staged.bodies = []
 
 
-def _create_rollout(conn: Connection, new: NewRollout) -> CreatedRollout:
-    rollout_id, key = new_id(), new.key or new_key()
+def _create_rollout(conn: Connection, op: CreateRollout) -> None:
+    new = op.new
     conn.execute(
         insert(rollout_table).values(
-            id=rollout_id,
-            key_hash=hash_key(key),
+            id=op.rollout_id,
+            key_hash=hash_key(op.key),
             batch_id=new.batch_id,
             task_id=new.task_id,
             sample_index=new.sample_index,
@@ -395,14 +574,41 @@ def _create_rollout(conn: Connection, new: NewRollout) -> CreatedRollout:
             metadata=new.meta,
         )
     )
-    return CreatedRollout(rollout_id, key)
 
 
-def _update_rollout(conn: Connection, rollout_id: str, values: dict[str, Any]) -> None:
+def _chain(record: CallRecord, staged: _Staged) -> None:
+    """Set the digest and hash of the call just staged (the last row) and move the chain on."""
+    row = staged.calls[-1]
+    choices = staged.choices[len(staged.choices) - len(record.choices) :]
+    prompt = b"" if record.prompt_ids is None else pack(record.prompt_ids)
+    bodies = [
+        chain.body_digest(b)
+        for b in (record.request_body, record.engine_request, record.response_body)
+    ]
+    digest = chain.call_digest(row, prompt, choices, bodies)
+    linked = chain.link(staged.prev_hash.get(row["rollout_id"], chain.GENESIS), digest)
+    staged.prev_hash[row["rollout_id"]] = linked
+    row["digest"], row["hash"] = digest.hex(), linked.hex()
+
+
+_OPEN = (RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value)
+
+
+def _update_rollout(
+    conn: Connection, rollout_id: str, values: dict[str, Any], only_from: frozenset[str] | None
+) -> None:
     table = rollout_table
     if "meta" in values:
         values = dict(values)
         values["metadata"] = values.pop("meta")
-    result = conn.execute(update(table).where(table.c.id == rollout_id).values(**values))
-    if result.rowcount == 0:
+    if values.get("status", RolloutStatus.RUNNING.value) not in _OPEN:
+        # It ended: its chain's head is sealed with it (again, if calls were refused since).
+        queries.lock_rollout(conn, rollout_id)
+        values = dict(values)
+        values["head_seq"], values["head_hash"] = queries.chain_end(conn, rollout_id)
+    where = [table.c.id == rollout_id]
+    if only_from is not None:
+        where.append(table.c.status.in_(sorted(only_from)))
+    result = conn.execute(update(table).where(*where).values(**values))
+    if result.rowcount == 0 and only_from is None:
         raise NotFound(f"no rollout {rollout_id!r}")

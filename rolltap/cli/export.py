@@ -1,7 +1,9 @@
-"""`rolltap export`: the store's trajectories to a Parquet or JSON-lines file for a trainer."""
+"""`rolltap export`: the store's trajectories to a Parquet or JSON-lines file for a trainer, or to
+Harbor's ATIF trajectory.json per rollout; `--sign` adds an HMAC-signed manifest beside it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -9,10 +11,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from rolltap.cli.options import db_option
+from rolltap.cli.signing import secret_option, signing_key
 from rolltap.cli.trajectory_view import tokenizer_option
+from rolltap.store import RolloutView, StoreReader
 from rolltap.store import open as open_store
+from rolltap.store.atif import rollout_atif
 from rolltap.store.detokenizer import HFDetokenizer
 from rolltap.store.export import open_writer, write_all
+from rolltap.store.signature import sign
 
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
@@ -25,14 +31,24 @@ _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["parquet", "jsonl"]),
-    help="Output format. Default: from the --out suffix, else parquet.",
+    type=click.Choice(["parquet", "jsonl", "atif"]),
+    help="Output format. Default: from the --out suffix (.jsonl, .json for ATIF), else parquet. "
+    "atif: Harbor's trajectory.json per rollout.",
 )
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Output file. Default: trajectories.parquet (or .jsonl) here.",
+    type=click.Path(path_type=Path),
+    help="Output file (ATIF: a directory of ROLLOUT/trajectory.json, or a .json file for one "
+    "rollout). Default: trajectories.parquet (.jsonl; trajectories-atif/) here.",
 )
+@click.option(
+    "--sign",
+    "sign_export",
+    is_flag=True,
+    help="Write OUT.sig: the export's files, each rollout's hash-chain head, under an HMAC with "
+    "the proxy's secret (`rolltap audit verify --export OUT` checks it).",
+)
+@secret_option
 @tokenizer_option
 def export(
     db_url: str | None,
@@ -41,40 +57,109 @@ def export(
     rollouts: tuple[str, ...],
     fmt: str | None,
     out: Path | None,
+    sign_export: bool,
+    secret: str | None,
     tokenizer: Path | None,
 ) -> None:
     """Write every segment of the selected rollouts as one trajectory row (prompt_ids,
-    response_ids, loss_mask, logprobs, reward, links and drift)."""
+    response_ids, loss_mask, logprobs, reward, links and drift), or each rollout as an ATIF
+    trajectory."""
     if fmt is None:
-        fmt = "jsonl" if out is not None and out.suffix == ".jsonl" else "parquet"
-    out = out or Path("trajectories" + _SUFFIX[fmt])
-    detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
-    console = Console(stderr=True)
+        suffix = out.suffix if out is not None else ""
+        fmt = {".jsonl": "jsonl", ".json": "atif"}.get(suffix, "parquet")
     selected = list(rollouts) or None
     with open_store(db_url) as store:
-        total = len(store.rollouts(batch=batch, status=status, ids=selected))
-        writer = open_writer(fmt, out)
-        try:
-            with Progress(
-                TextColumn("exporting"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("rollouts"),
-                TimeRemainingColumn(),
-                console=console,
-                disable=not console.is_terminal,
-            ) as progress:
-                task = progress.add_task("export", total=total)
-                stats = write_all(
-                    store.iter_rollout_trajectories(
-                        batch=batch, rollouts=selected, status=status, detokenizer=detokenizer
-                    ),
-                    writer,
-                    on_rollout=lambda _: progress.advance(task),
-                )
-        finally:
-            writer.close()
+        views = store.rollouts(batch=batch, status=status, ids=selected, oldest_first=True)
+        if sign_export:
+            # Sign only what verifies: a signature must never vouch for an altered record.
+            key = signing_key(db_url, secret, create=True)
+            chains = _verified_chains(store, views)
+        if fmt == "atif":
+            out = out or Path("trajectories-atif")
+            _export_atif(store, views, out)
+        else:
+            out = out or Path("trajectories" + _SUFFIX[fmt])
+            _export_rows(store, fmt, out, batch, status, selected, tokenizer)
+    if sign_export:
+        click.echo(f"signed: {sign(out, fmt, views, chains, key)}")
+
+
+def _export_rows(
+    store: StoreReader,
+    fmt: str,
+    out: Path,
+    batch: str | None,
+    status: str | None,
+    selected: list[str] | None,
+    tokenizer: Path | None,
+) -> None:
+    detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
+    console = Console(stderr=True)
+    total = len(store.rollouts(batch=batch, status=status, ids=selected))
+    writer = open_writer(fmt, out)
+    try:
+        with Progress(
+            TextColumn("exporting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("rollouts"),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not console.is_terminal,
+        ) as progress:
+            task = progress.add_task("export", total=total)
+            stats = write_all(
+                store.iter_rollout_trajectories(
+                    batch=batch, rollouts=selected, status=status, detokenizer=detokenizer
+                ),
+                writer,
+                on_rollout=lambda _: progress.advance(task),
+            )
+    finally:
+        writer.close()
     click.echo(
         f"wrote {stats.trajectories} trajectories ({stats.tokens} tokens, "
         f"{stats.sampled_tokens} sampled) from {stats.rollouts} rollouts to {out}"
     )
+
+
+def _export_atif(store: StoreReader, views: list[RolloutView], out: Path) -> None:
+    one_file = out.suffix == ".json"
+    if one_file and len(views) != 1:
+        raise click.UsageError(
+            f"--out {out} names one file, but {len(views)} rollouts are selected: "
+            "give --rollout ID, or a directory"
+        )
+    if not one_file:
+        out.mkdir(parents=True, exist_ok=True)
+    written, steps, empty = 0, 0, []
+    for view in views:
+        document = store.run(rollout_atif(store.store, view.id))
+        if document is None:
+            empty.append(view.id)
+            continue
+        path = out if one_file else out / view.id / "trajectory.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        written += 1
+        steps += len(document["steps"])
+    click.echo(f"wrote {written} ATIF trajectories ({steps} steps) to {out}")
+    if empty:
+        click.echo(f"skipped {len(empty)} rollouts with no LLM call to show: {', '.join(empty)}")
+
+
+def _verified_chains(store: StoreReader, views: list[RolloutView]) -> dict[str, str | None]:
+    """Each rollout's current chain end, refusing to go on when any chain does not verify."""
+    chains: dict[str, str | None] = {}
+    broken = []
+    for view in views:
+        result = store.verify_rollout(view.id)
+        if not result.ok:
+            broken.append(f"{view.id} ({len(result.issues)} issues)")
+        chains[view.id] = result.chain_hash
+    if broken:
+        raise click.ClickException(
+            "not signing: these rollouts do not verify (see `rolltap audit verify`): "
+            + ", ".join(broken)
+        )
+    return chains

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -10,11 +11,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from rolltap.cli.audit import render as render_integrity
 from rolltap.cli.options import db_option
 from rolltap.cli.trajectory_view import render_segments, tokenizer_option
 from rolltap.store import CallView, RolloutView, StoreReader
 from rolltap.store import open as open_store
 from rolltap.store.detokenizer import HFDetokenizer
+from rolltap.store.export import rollout_document
 
 
 @click.command()
@@ -22,10 +25,19 @@ from rolltap.store.detokenizer import HFDetokenizer
 @click.option("--batch", help="Only rollouts of this batch.")
 @click.option("--status", help="Only rollouts with this status.")
 @click.option("--limit", default=50, show_default=True, help="At most this many rollouts.")
-def ls(db_url: str | None, batch: str | None, status: str | None, limit: int) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON Lines: one object per rollout (see README)."
+)
+def ls(
+    db_url: str | None, batch: str | None, status: str | None, limit: int, as_json: bool
+) -> None:
     """List rollouts, newest first."""
     with open_store(db_url) as store:
         rollouts = store.rollouts(batch=batch, status=status, limit=limit)
+    if as_json:
+        for r in rollouts:
+            click.echo(json.dumps(r.as_dict(), ensure_ascii=False))
+        return
     console = _console()
     if not rollouts:
         console.print("no rollouts yet")
@@ -52,14 +64,26 @@ def ls(db_url: str | None, batch: str | None, status: str | None, limit: int) ->
 @db_option
 @click.argument("rollout_id")
 @tokenizer_option
-def show(db_url: str | None, rollout_id: str, tokenizer: Path | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON document: rollout, calls, integrity, faithfulness, segments (see README).",
+)
+def show(db_url: str | None, rollout_id: str, tokenizer: Path | None, as_json: bool) -> None:
     """Show one rollout, its calls one line each, then its segments and where the chain broke."""
     detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
     with open_store(db_url) as store:
+        if as_json:
+            document = store.run(rollout_document(store.store, rollout_id, detokenizer=detokenizer))
+            click.echo(json.dumps(document, ensure_ascii=False))
+            return
         rollout = store.rollout(rollout_id)
         calls = store.calls(rollout_id)
         console = _console()
         _render(console, store, rollout, calls)
+        # Its hash chain, and the calls the proxy refused (budget, finished, revoked, malformed).
+        render_integrity(console, store.verify_rollout(rollout_id))
         if calls:
             render_segments(
                 console, store.rollout_trajectories(rollout_id, detokenizer=detokenizer)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import click
 
 from rolltap import __version__
+from rolltap.cli.audit import audit
 from rolltap.cli.db import db
 from rolltap.cli.export import export
 from rolltap.cli.harness import harness
 from rolltap.cli.inspect import ls, show
 from rolltap.cli.model import model
+from rolltap.cli.replay import replay
 from rolltap.cli.run import demo, run
 from rolltap.cli.serve import serve
+from rolltap.cli.ui import ui
 from rolltap.engine.errors import EngineStartError
 from rolltap.runner.harnesses.errors import HarnessError
 from rolltap.runner.sandboxes.errors import SandboxUnavailable
@@ -45,6 +48,9 @@ cli.add_command(serve)
 cli.add_command(export)
 cli.add_command(run)
 cli.add_command(demo)
+cli.add_command(audit)
+cli.add_command(ui)
+cli.add_command(replay)
 
 
 def main() -> None:

@@ -89,6 +89,12 @@ def model() -> None:
     help="Keep a dequantized copy of a GGUF model (in ROLLTAP_ENGINE_CACHE or the user cache "
     "directory) so later starts skip the slow GGUF parse.",
 )
+@click.option(
+    "--weight-version",
+    default="default",
+    show_default=True,
+    help="Label of the weights loaded at start; /update_weights_from_disk sets later ones.",
+)
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None, hidden=True)
 @click.option("--parent-fd", type=int, default=None, hidden=True)
 def serve(
@@ -110,6 +116,7 @@ def serve(
     threads: int | None,
     max_body_mb: float,
     gguf_cache: bool,
+    weight_version: str,
     ready_file: Path | None,
     parent_fd: int | None,
 ) -> None:
@@ -136,6 +143,7 @@ def serve(
         threads=threads,
         max_body=int(max_body_mb * 1024 * 1024),
         gguf_cache=gguf_cache,
+        weight_version=weight_version,
         ready_file=ready_file,
         parent_fd=parent_fd,
     )

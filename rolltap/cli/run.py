@@ -16,7 +16,9 @@ from rich.table import Table
 
 from rolltap.cli.options import db_option
 from rolltap.runner import BatchProgress, BatchResult, BatchSummary, run_batch
-from rolltap.runner.harnesses import adapters
+from rolltap.runner.harnesses import adapters, builtins
+from rolltap.runner.harnesses.oracle import NAME as ORACLE
+from rolltap.runner.harnesses.oracle import failed_oracle
 from rolltap.runner.sandboxes.kinds import KINDS
 
 T = TypeVar("T")
@@ -29,7 +31,8 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     "--harness",
     default="mini-swe-agent",
     show_default=True,
-    type=click.Choice(list(adapters())),
+    type=click.Choice([*adapters(), *builtins()]),
+    help="An agent harness, or `oracle`: each task's reference solution, to check the tasks.",
 )
 @click.option("--sandbox", default="bwrap", show_default=True, type=click.Choice(KINDS))
 @click.option("-n", "--samples", default=1, show_default=True, help="Rollouts per task.")
@@ -132,6 +135,23 @@ def run(
     )
     print_summary(console, result.summary)
     _inspect_hint(console, result, db_url)
+    if harness == ORACLE:
+        _oracle_verdict(console, result.summary)
+
+
+def _oracle_verdict(console: Console, summary: BatchSummary) -> None:
+    """Exit 1 naming every task whose verifier did not fully reward its own solution."""
+    failed = failed_oracle(summary)
+    n = len(summary.tasks)
+    if not failed:
+        console.print(f"[green]every task passed its oracle ({n} task{'s' * (n != 1)})[/green]")
+        return
+    console.print(f"[red]{len(failed)} of {n} tasks failed their oracle:[/red]")
+    for t in failed:
+        mean = "-" if t.mean_reward is None else f"{t.mean_reward:.3f}"
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(t.statuses.items()))
+        console.print(f"  {t.task_id}: mean reward {mean} ({statuses})")
+    raise SystemExit(1)
 
 
 @click.command()

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import click
 
 from rolltap.cli.options import db_option
+from rolltap.proxy.admin import ExposedWithoutToken, check_exposure
+from rolltap.proxy.app import Extension
 from rolltap.proxy.context import ProxySettings
 from rolltap.proxy.server import RunningProxy, serve_until_stopped
+from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.store.url import resolve_url
 
 
@@ -29,7 +33,11 @@ from rolltap.store.url import resolve_url
 @click.option("--port", default=8100, show_default=True, envvar="ROLLTAP_PORT")
 @click.option("--unix-socket", envvar="ROLLTAP_UNIX_SOCKET", help="Also listen here (sandboxes).")
 @click.option("--open", "open_mode", is_flag=True, help="Create a rollout for an unknown key.")
-@click.option("--admin-token", envvar="ROLLTAP_ADMIN_TOKEN", help="Required on /admin when set.")
+@click.option(
+    "--admin-token",
+    envvar="ROLLTAP_ADMIN_TOKEN",
+    help="Required on /admin and /metrics when set; needed to listen beyond loopback.",
+)
 @click.option("--max-body-mb", default=32, show_default=True, help="Largest request body.")
 @click.option(
     "--max-tokens-cap",
@@ -55,6 +63,30 @@ from rolltap.store.url import resolve_url
     "--engine-arg=--max-tokens-cap=512.",
 )
 @click.option("--weight-version", help="Weight version recorded until /admin/resume sets one.")
+@click.option(
+    "--runner",
+    is_flag=True,
+    help="Also serve the rollout service (/v1/batches): trainers submit batches and receive "
+    "complete groups of trajectories (see rolltap.client).",
+)
+@click.option(
+    "--runner-sandboxes",
+    default="bwrap,docker,apptainer",
+    show_default=True,
+    help="Sandbox kinds batches may use (comma list; the first is the default).",
+)
+@click.option(
+    "--runner-concurrency",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rollouts in each stage (INIT/RUN/EVAL) at once, over all batches.",
+)
+@click.option(
+    "--runner-tasks-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Task paths that batches name must lie under this directory.",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def serve(
     backends: tuple[str, ...],
@@ -71,6 +103,10 @@ def serve(
     device: str,
     engine_args: tuple[str, ...],
     weight_version: str | None,
+    runner: bool,
+    runner_sandboxes: str,
+    runner_concurrency: int,
+    runner_tasks_root: Path | None,
     verbose: bool,
 ) -> None:
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
@@ -81,6 +117,8 @@ def serve(
         host=host,
         port=port,
         unix_socket=unix_socket,
+        # Sandboxes on this machine connect as the sandbox user's group (runner/sandboxes).
+        unix_socket_group=sandbox_user().gid,
         open_mode=open_mode,
         admin_token=admin_token,
         max_body_bytes=max_body_mb * 1024 * 1024,
@@ -89,6 +127,23 @@ def serve(
         secret=secret,
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
+    try:
+        check_exposure(host, admin_token)
+    except ExposedWithoutToken as e:
+        raise click.ClickException(str(e)) from None
+    extensions: list[Extension] = []
+    if runner:
+        from rolltap.runner.service.options import runner_extension
+
+        try:
+            extend = runner_extension(
+                settings, runner_sandboxes, runner_concurrency, runner_tasks_root, click.echo
+            )
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--runner-sandboxes") from None
+        extensions.append(extend)
+    if weight_version is not None:
+        engine_args = (*engine_args, f"--weight-version={weight_version}")
 
     def ready(proxy: RunningProxy) -> None:
         backends_shown = ", ".join(b.url for b in proxy.ctx.pool.all())
@@ -99,8 +154,10 @@ def serve(
         click.echo(f"  harness base URL: {proxy.url}/r/<rollout key>/v1")
         if open_mode:
             click.echo("  --open: unknown keys create rollouts (local experiments only)")
+        if runner:
+            click.echo(f"  rollout service: {proxy.url}/v1/batches")
 
-    _run(settings, db_url, ready, _builtin_engine(engine_model, device, engine_args))
+    _run(settings, db_url, ready, _builtin_engine(engine_model, device, engine_args), extensions)
 
 
 def _builtin_engine(
@@ -125,11 +182,19 @@ def _run(
     db_url: str | None,
     ready: Callable[[RunningProxy], None],
     engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]],
+    extensions: Sequence[Extension] = (),
 ) -> None:
-    try:
-        import uvloop
+    if not extensions:
+        # The rollout service starts sandboxes as another user, which uvloop's subprocesses
+        # cannot do (no user/group arguments); the proxy alone gains from it.
+        try:
+            import uvloop
 
-        uvloop.install()
-    except ImportError:
-        pass
-    asyncio.run(serve_until_stopped(settings, db_url, on_ready=ready, start_engine=engine))
+            uvloop.install()
+        except ImportError:
+            pass
+    asyncio.run(
+        serve_until_stopped(
+            settings, db_url, on_ready=ready, start_engine=engine, extensions=extensions
+        )
+    )

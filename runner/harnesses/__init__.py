@@ -22,7 +22,7 @@ from rolltap.runner.harnesses.install import (
     install,
     installation,
 )
-from rolltap.runner.harnesses.registry import adapter, adapters
+from rolltap.runner.harnesses.registry import adapter, adapters, builtins
 
 __all__ = [
     "Dialect",
@@ -39,6 +39,7 @@ __all__ = [
     "UnknownHarness",
     "adapter",
     "adapters",
+    "builtins",
     "harness_root",
     "image_installation",
     "install",

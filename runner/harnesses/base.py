@@ -11,8 +11,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
-from typing import ClassVar, Literal, Protocol
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
+
+if TYPE_CHECKING:
+    from rolltap.runner.tasks import Task
 
 Dialect = Literal["chat", "responses", "messages"]
 """The LLM API a harness speaks: Chat Completions, OpenAI Responses or Anthropic Messages."""
@@ -42,7 +45,17 @@ class NpmPackages:
     bin_dir: ClassVar[str] = "node_modules/.bin"
 
 
-Packages = PythonPackages | NpmPackages
+@dataclass(frozen=True)
+class BuiltIn:
+    """Nothing to install: the harness is part of rolltap (the oracle). Its installation mounts
+    nothing into the sandbox and it never comes from a harness image."""
+
+    requirements: tuple[str, ...] = ()
+
+    bin_dir: ClassVar[str] = ""
+
+
+Packages = PythonPackages | NpmPackages | BuiltIn
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,9 @@ class RunContext:
     logs_dir: PurePosixPath = field(default_factory=lambda: PurePosixPath("/logs/agent"))
     max_steps: int | None = None
     """Turn/step cap, where the harness has one (OpenCode and OpenHands' CLI have none)."""
+    task: Task | None = None
+    """The task itself, for a harness that reads more of it than the instruction (the oracle
+    runs its reference solution)."""
 
     @property
     def openai_base_url(self) -> str:
@@ -100,6 +116,8 @@ class Launch:
     """The complete environment (not merged with the runner's); holds the key."""
     cwd: PurePosixPath
     files: Mapping[PurePosixPath, str] = field(default_factory=dict, repr=False)
+    copies: Mapping[PurePosixPath, Path] = field(default_factory=dict)
+    """Host files or directories copied in before the harness starts (inside path: host path)."""
     stdout_path: PurePosixPath | None = None
     """Where the harness's stdout belongs (an event stream for most of them)."""
     logs: tuple[PurePosixPath, ...] = ()

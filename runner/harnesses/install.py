@@ -22,7 +22,13 @@ from pathlib import Path, PurePosixPath
 
 import platformdirs
 
-from rolltap.runner.harnesses.base import Harness, Installation, NpmPackages, PythonPackages
+from rolltap.runner.harnesses.base import (
+    BuiltIn,
+    Harness,
+    Installation,
+    NpmPackages,
+    PythonPackages,
+)
 from rolltap.runner.harnesses.errors import InstallFailed, NotInstalled
 
 MANIFEST = "rolltap-install.json"
@@ -78,6 +84,9 @@ def read_record(name: str, root: Path) -> InstallRecord | None:
 
 def installation(harness: Harness, root: Path | None = None) -> Installation:
     """The host installation of `harness`; raises NotInstalled when missing or outdated."""
+    if isinstance(harness.packages, BuiltIn):
+        # Part of rolltap: nothing installed, nothing mounted (rollout._mounts skips it).
+        return Installation(harness.name, PurePosixPath("/"), PurePosixPath("/"))
     record = read_record(harness.name, root or harness_root())
     if record is None or not record.is_current(harness):
         raise NotInstalled(harness.name)
@@ -98,6 +107,8 @@ def install(
     say: Callable[[str], None] = lambda _: None,
 ) -> InstallRecord:
     """Install `harness` unless an install of the same requirements is already there."""
+    if isinstance(harness.packages, BuiltIn):
+        raise InstallFailed(f"{harness.name} is part of rolltap: there is nothing to install")
     root = root or harness_root()
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f".{harness.name}.lock"):

@@ -3,7 +3,8 @@
 Every kind gives a sandbox the same inside layout: the task's workdir, /logs/agent,
 /logs/verifier and /logs/artifacts exist and are writable, /tests and /solution can be written
 (put) by the runner, HOME is writable, and the only network is `proxy_url`, a loopback HTTP
-address piped to the proxy's unix socket. What the agent leaves there stays for the verifier.
+address piped to the proxy's unix socket. What the agent leaves there stays for the verifier;
+what it left running does not (`reap`).
 """
 
 from __future__ import annotations
@@ -149,6 +150,18 @@ class Sandbox(Protocol):
 
     async def get(self, inside_path: str, host_path: Path) -> None:
         """Copies an inside file to host_path, or an inside directory's contents into it."""
+        ...
+
+    async def reap(self) -> None:
+        """Kills every process still running in the sandbox, however it detached (new session,
+        double fork, other process group), and keeps the files. After it, nothing the task's
+        setup or the agent started can run: the verifier calls it first."""
+        ...
+
+    async def fresh_dir(self, inside_path: str, *, user: str | None = None) -> None:
+        """Replaces inside_path with a new empty directory owned by `user` (a name or uid; by
+        default the sandbox's root), whatever was there: files, or a link planted in its place.
+        Kinds that run every command as one user own it by that user."""
         ...
 
     async def close(self) -> None:

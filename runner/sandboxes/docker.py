@@ -3,17 +3,25 @@
 - Image: spec.image (e.g. a harness image built FROM `task_image(task)`), else the task's own
   image (task.toml docker_image, or environment/Dockerfile built locally and cached by content
   hash), else the base image. Nothing is pulled unless a named image is missing.
-- Container: `network_mode="none"`, memory/PID/CPU limits from spec.limits, labels rolltap.run,
-  rolltap.rollout and rolltap.task, docker-init as PID 1 (reaps orphans), auto-removed when it
-  stops; its main process is `sleep <ttl>`, so a runner killed with -9 cannot leak it for ever,
-  and `sweep(run_id)` removes what a crash left. The main process runs as root; commands run as
-  exec(user=...) or the image's USER.
+- Container: `network_mode="none"`, labels rolltap.run, rolltap.rollout and rolltap.task,
+  docker-init as PID 1 (reaps orphans), auto-removed when it stops; its main process is
+  `sleep <ttl>`, so a runner killed with -9 cannot leak it for ever, and `sweep(run_id)`
+  removes what a crash left. The main process runs as root; commands run as exec(user=...) or
+  the image's USER.
+- Privileges: no capability at all (`cap_drop=ALL`; root inside owns the image's files but can
+  override no permission, chown nothing, kill no other user's process, open no raw socket) and
+  `no-new-privileges` (setuid binaries do not raise anyone). Tasks needing root powers do that
+  work in their Dockerfile, whose build keeps docker's defaults.
+- Limits: memory and CPUs from the task (spec.limits), and a PID cap (spec.limits.pids, else
+  DEFAULT_PIDS_LIMIT) so a fork bomb stays inside.
 - Proxy: the socket's directory is mounted read-only at /run/rolltap/proxy and forwarder.py
-  (python3 must be in the image) serves it on 127.0.0.1:PORT for the container's lifetime.
+  (python3 must be in the image) serves it on 127.0.0.1:PORT for the container's lifetime; the
+  container's processes get the socket's group, the only one besides its owner that may connect.
 - Commands: each exec carries a marker variable; at its timeout every process with that marker
-  is SIGKILLed (a process that scrubs its whole environment escapes that, until close()), and
+  is SIGKILLed (a process that scrubs its whole environment escapes that, until `reap`), and
   so is what a finished command left running while that still holds its output open; other
-  leftovers live until close().
+  leftovers live until `reap`, which restarts the container: every process in it dies with its
+  PID namespace, whatever it did to detach or disguise itself, and the files stay.
 - docker-py blocks: every call runs in this provider's own thread pool, sized for one streaming
   exec per concurrent rollout.
 """
@@ -43,7 +51,7 @@ from rolltap.runner.sandboxes.base import (
     SandboxSpec,
     command_argv,
 )
-from rolltap.runner.sandboxes.docker_copy import get_path, put_bytes, put_path
+from rolltap.runner.sandboxes.docker_copy import get_path, put_bytes, put_dir_entry, put_path
 from rolltap.runner.sandboxes.docker_exec import ContainerExec
 from rolltap.runner.sandboxes.docker_images import (
     HARNESS_BUILD_TIMEOUT,
@@ -72,6 +80,8 @@ LABEL_ROLLOUT = "rolltap.rollout"
 LABEL_TASK = "rolltap.task"
 BASE_IMAGE = "rolltap/base:bookworm"
 KILL_GRACE_SEC = 5.0
+DEFAULT_PIDS_LIMIT = 4096
+"""Processes (threads included) a container may hold when the task sets no limit."""
 # How often a running command is checked for "exited, but a leftover holds its output open".
 EXIT_POLL_SEC = 2.0
 
@@ -86,6 +96,23 @@ else
 fi
 exec sleep "$4"
 """.format(log_dirs=" ".join(LOG_DIRS), forwarder=INSIDE_FORWARDER)
+
+# $0 an absolute path. Replaces it with an empty directory: a link planted on the way is removed
+# (it could lead the verifier's files elsewhere); what cannot be deleted (a subtree whose owner
+# locked root out, which root without capabilities cannot override) is moved aside.
+_FRESH = """
+set -e
+d=
+for part in $(echo "${0#/}" | tr / ' '); do
+  d="$d/$part"
+  if [ -L "$d" ]; then rm -f "$d"; elif [ -d "$d" ]; then chmod u+rwx "$d" 2>/dev/null || true; fi
+done
+chmod -R u+rwX "$0" 2>/dev/null || true
+rm -rf "$0" 2>/dev/null || mv "$0" "$(dirname "$0")/.stale-$$-$(basename "$0")"
+mkdir -p "$0"
+"""
+# Prints the uid and gid a user name (or uid) stands for in this image.
+_IDS = "id -u; id -g"
 
 
 class DockerSandbox:
@@ -105,6 +132,7 @@ class DockerSandbox:
         self._environment_built = environment_built
         self._on_close = on_close
         self._closed = False
+        self._ran = False  # a command ran since the last reap: something may be left
 
     @property
     def proxy_url(self) -> str | None:
@@ -134,9 +162,21 @@ class DockerSandbox:
         log: Path | None = None,
         proxy: bool = True,
     ) -> ExecResult:
+        self._ran = True
+        return await self._exec(command_argv(cmd), env, cwd, timeout, stdin, user, log)
+
+    async def _exec(
+        self,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        user: str | None = None,
+        log: Path | None = None,
+    ) -> ExecResult:
         if self._closed:
             raise SandboxExecError("the sandbox is closed")
-        argv = command_argv(cmd)
         token = secrets.token_hex(8)
         raw = self._provider.raw
         if stdin is not None:
@@ -167,6 +207,32 @@ class DockerSandbox:
         inside = normalize(inside_path)
         await self._provider.run(
             get_path, self._provider.raw, self.container_id, inside, host_path,
+            error=SandboxCopyError,
+        )  # fmt: skip
+
+    async def reap(self) -> None:
+        if self._closed:
+            raise SandboxExecError("the sandbox is closed")
+        if not self._ran:
+            return
+        await self._provider.restart(self.container_id)
+        self._ran = False
+
+    async def fresh_dir(self, inside_path: str, *, user: str | None = None) -> None:
+        inside = normalize(inside_path)
+        done = await self._exec(["sh", "-c", _FRESH, inside], user="0", timeout=60)
+        if not done.ok:
+            raise SandboxExecError(f"cannot empty {inside}: {done.stderr.strip()[-300:]}")
+        uid = gid = 0
+        if user not in (None, "", "0", "root"):
+            ids = await self._exec(["sh", "-c", _IDS], user=user, timeout=60)
+            found = ids.stdout.split()
+            if not ids.ok or len(found) != 2 or not all(x.isdigit() for x in found):
+                raise SandboxExecError(f"user {user} is unknown in the image: {ids.stderr}")
+            uid, gid = int(found[0]), int(found[1])
+        # Root without CAP_CHOWN cannot give it away; the daemon can, by extracting it.
+        await self._provider.run(
+            put_dir_entry, self._provider.raw, self.container_id, inside, uid, gid,
             error=SandboxCopyError,
         )  # fmt: skip
 
@@ -307,7 +373,7 @@ class DockerProvider:
         environment_built = spec.task.environment.has_image
         container_id, user = await self.run(self._start, spec, image, error=SandboxStartError)
         try:
-            await self._wait_ready(container_id)
+            await self._wait_ready(container_id, 0)
         except BaseException:
             with contextlib.suppress(SandboxError):
                 await self.run(self.remove, container_id)
@@ -334,6 +400,13 @@ class DockerProvider:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
+    async def restart(self, container_id: str) -> None:
+        """Kills everything in the container at once (its PID 1 first, then the kernel takes
+        the rest of its PID namespace) and starts its main process again, files kept."""
+        logged = await self.run(self._logs, container_id, True) or b""
+        await self.run(self.raw.restart, container_id, 0)
+        await self._wait_ready(container_id, len(logged))
+
     def remove(self, container_id: str) -> None:
         try:
             self.raw.remove_container(container_id, force=True)
@@ -353,10 +426,13 @@ class DockerProvider:
         binds = {str(m.host_path): {"bind": m.inside_path, "mode": "ro" if m.read_only else "rw"}
                  for m in spec.mounts}  # fmt: skip
         unix = ""
+        groups = []
         if spec.proxy_socket is not None:
             binds[str(FORWARDER)] = {"bind": INSIDE_FORWARDER, "mode": "ro"}
             binds[str(spec.proxy_socket.parent)] = {"bind": INSIDE_PROXY_DIR, "mode": "ro"}
             unix = f"{INSIDE_PROXY_DIR}/{spec.proxy_socket.name}"
+            # Root in here cannot override permissions: the socket's group lets it connect.
+            groups = [str(spec.proxy_socket.stat().st_gid)]
         limits = spec.limits
         memory = f"{limits.memory_mb}m" if limits.memory_mb else None
         host_config = self.raw.create_host_config(
@@ -366,8 +442,11 @@ class DockerProvider:
             auto_remove=True,
             mem_limit=memory,
             memswap_limit=memory,
-            pids_limit=limits.pids,
+            pids_limit=limits.pids or DEFAULT_PIDS_LIMIT,
             nano_cpus=int(limits.cpus * 1e9) if limits.cpus else None,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            group_add=groups,
         )
         created = self.raw.create_container(
             image,
@@ -391,14 +470,16 @@ class DockerProvider:
             raise
         return container_id, str(config.get("User") or "")
 
-    async def _wait_ready(self, container_id: str) -> None:
+    async def _wait_ready(self, container_id: str, logged: int) -> None:
+        """Waits for the main process to say it is ready, past the `logged` bytes of stdout
+        earlier starts of the container wrote."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._start_timeout_sec
         while loop.time() < deadline:
             out = await self.run(self._logs, container_id, True, error=SandboxStartError)
             if out is None:
                 raise SandboxStartError("the container ended while starting")
-            if out.strip():
+            if out[logged:].strip():
                 return
             await asyncio.sleep(0.02)
         err = await self.run(self._logs, container_id, False, error=SandboxStartError) or b""

@@ -26,6 +26,19 @@ def put_bytes(api: docker.APIClient, container_id: str, data: bytes, inside: str
     _put_archive(api, container_id, buf)
 
 
+def put_dir_entry(
+    api: docker.APIClient, container_id: str, inside: str, uid: int, gid: int
+) -> None:
+    """Sets an existing directory's owner (and mode 0755): the daemon applies the archive's."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(inside.lstrip("/"))
+        info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+        tar.addfile(info)
+    buf.seek(0)
+    _put_archive(api, container_id, buf)
+
+
 def put_path(api: docker.APIClient, container_id: str, host_path: Path, inside: str) -> None:
     """A host file to `inside`, or a host directory's contents into it."""
     if not host_path.exists():

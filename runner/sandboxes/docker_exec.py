@@ -43,6 +43,7 @@ class ContainerExec:
         self._out = bytearray()
         self._err = bytearray()
         self._sock: Any = None
+        self._user = ""
         self.exec_id: str | None = None
 
     @property
@@ -55,6 +56,7 @@ class ContainerExec:
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str, user: str) -> int:
         """Runs argv to the end of its output; returns its exit status."""
+        self._user = user
         created = self._api.exec_create(
             self._container_id, argv, stdout=True, stderr=True,
             environment={**env, EXEC_MARKER: self._token}, workdir=cwd, user=user,
@@ -82,9 +84,11 @@ class ContainerExec:
         return TIMEOUT_EXIT_CODE if code is None else int(code)
 
     def kill(self) -> None:
-        """SIGKILLs every process carrying this command's marker, as root."""
+        """SIGKILLs every process carrying this command's marker. It runs as the command's user:
+        without capabilities only that user may read those processes' environments and kill
+        them, and with no-new-privileges no process of the command can have become another."""
         kill_id = self._api.exec_create(
-            self._container_id, ["sh", "-c", _KILL, self._token], user="0"
+            self._container_id, ["sh", "-c", _KILL, self._token], user=self._user
         )
         self._api.exec_start(kill_id["Id"])
 

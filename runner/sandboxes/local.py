@@ -7,8 +7,14 @@ occurrence of the workdir, /logs, /tests, /solution and HOME (/root) in commands
 directories, environment values, and text files copied under /tests or /solution becomes the
 matching workspace directory: HOME is the workspace's own. Paths the agent composes at run
 time are not rewritten: an agent that writes to /app itself writes to the host's /app. Use bwrap
-for real runs. Timeouts kill the command's process group and its descendants; a descendant that left
-both (setsid, then orphaned) can survive.
+for real runs.
+
+Processes: every command runs under reaper.py, a child subreaper, so whatever it leaves running
+(double forks, setsid daemons, other process groups included) is killed when it exits, and its
+whole tree at the timeout; `reap` has nothing left to do. The command runs as the runner's user
+and could kill its reaper first: nothing here holds against a hostile agent.
+
+Network: the host's, unisolated. The proxy is served on a loopback port of the host.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import contextlib
 import os
 import re
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,6 +39,7 @@ from rolltap.runner.sandboxes.workspace import (
     copy_in,
     copy_out,
     create_workspace,
+    fresh_dir,
     locate,
     normalize,
     remove_workspace,
@@ -39,6 +47,7 @@ from rolltap.runner.sandboxes.workspace import (
 )
 
 _REWRITTEN_COPIES = ("/tests", "/solution")
+REAPER = Path(__file__).with_name("reaper.py")
 
 
 class PathMap:
@@ -120,7 +129,7 @@ class LocalSandbox:
             **(env or {}),
         }
         return await run_process(
-            [self._paths.text(a) for a in argv],
+            [sys.executable, "-I", "-S", str(REAPER), "--", *(self._paths.text(a) for a in argv)],
             env={k: self._paths.text(v) for k, v in full_env.items()},
             cwd=self._paths.path(cwd or self.workdir),
             stdin=stdin,
@@ -138,6 +147,14 @@ class LocalSandbox:
     async def get(self, inside_path: str, host_path: Path) -> None:
         src, fence = locate(self._ws, self._spec.mounts, inside_path, writing=False)
         await asyncio.to_thread(copy_out, src, host_path, fence)
+
+    async def reap(self) -> None:
+        """Nothing to kill: each command's reaper killed what it left (module docstring)."""
+
+    async def fresh_dir(self, inside_path: str, *, user: str | None = None) -> None:
+        if self._closed:
+            raise SandboxExecError("the sandbox is closed")
+        await asyncio.to_thread(fresh_dir, self._ws, inside_path)
 
     async def close(self) -> None:
         self._closed = True

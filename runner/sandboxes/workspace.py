@@ -1,6 +1,11 @@
 """A sandbox's writable state on the host (local, bwrap and apptainer kinds): one directory per
 rollout whose fs/ mirrors the writable inside paths, and copies in and out of it that never
-follow a symlink the agent planted there."""
+follow a symlink the agent planted there.
+
+A workspace may belong to another user than the runner (the sandbox user, when the runner is
+root): then it and everything copied into it is handed to that user, and only that user and
+root can enter it. Copies run only while no command runs in the sandbox (each command's
+processes end with it in these kinds), so nothing can swap a path while the runner uses it."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from rolltap.runner.sandboxes.base import LOG_DIRS, Mount
 from rolltap.runner.sandboxes.errors import SandboxCopyError, SandboxStartError
+from rolltap.runner.sandboxes.identity import SandboxUser
 
 # Writable inside paths besides the workdir: logs, what the runner copies in, temp and HOME.
 WRITABLE_ROOTS = ("/logs", "/tests", "/solution", "/tmp", "/var/tmp", "/root")
@@ -24,6 +30,8 @@ class Workspace:
     dir: Path
     roots: tuple[str, ...]
     """Writable inside paths, none nested in another; each is fs/<path> on the host."""
+    owner: SandboxUser | None = None
+    """Who the files belong to when that is not the runner."""
 
     @property
     def fs(self) -> Path:
@@ -37,17 +45,49 @@ class Workspace:
         return self.fs / path.lstrip("/")
 
 
-def create_workspace(base: Path, run_id: str, rollout_id: str, workdir: str) -> Workspace:
+def create_workspace(
+    base: Path, run_id: str, rollout_id: str, workdir: str, owner: SandboxUser | None = None
+) -> Workspace:
+    """owner: hand the workspace to that user (the runner is root and the sandbox is not)."""
     if normalize(workdir) == "/":
         raise SandboxStartError("a workdir of / cannot be a writable workspace directory")
-    rollout_dir = base / label(run_id) / label(rollout_id)
+    run_dir = base / label(run_id)
+    rollout_dir = run_dir / label(rollout_id)
     if rollout_dir.exists():
         # A rollout that starts again starts from a clean sandbox, as a fresh container would.
         shutil.rmtree(rollout_dir)
-    ws = Workspace(rollout_dir, _outermost((normalize(workdir), *WRITABLE_ROOTS)))
+    base.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(exist_ok=True)
+    rollout_dir.mkdir(mode=0o700)
+    if owner is not None:
+        # The sandbox user needs to pass through the run's directory; other users do not.
+        os.chown(run_dir, -1, owner.gid)
+        run_dir.chmod(0o750)
+    ws = Workspace(rollout_dir, _outermost((normalize(workdir), *WRITABLE_ROOTS)), owner)
     for inside in (*ws.roots, normalize(workdir), *LOG_DIRS):
         ws.host_path(inside).mkdir(parents=True, exist_ok=True)
+    hand_over(ws)
     return ws
+
+
+def hand_over(ws: Workspace, path: Path | None = None) -> None:
+    """Gives `path` (default: the whole workspace), and everything below it, to the workspace's
+    owner; never follows a link."""
+    if ws.owner is not None:
+        _chown_tree(path or ws.dir, ws.owner)
+
+
+def fresh_dir(ws: Workspace, inside: str) -> None:
+    """Replaces an inside directory with a new empty one owned by the sandbox's user, whatever
+    the agent left at that path or above it (files, or links planted to redirect it)."""
+    path = ws.host_path(inside)
+    _ensure_dir(path.parent, ws.fs)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    path.mkdir()
+    hand_over(ws, path)
 
 
 def locate(
@@ -91,17 +131,22 @@ def normalize(inside: str) -> str:
     return str(path)
 
 
-def copy_in(src: Path, dest: Path, fence: Path) -> None:
-    """Copies a host file to dest, or a host directory's contents into dest (below fence)."""
+def copy_in(src: Path, dest: Path, fence: Path, owner: SandboxUser | None = None) -> None:
+    """Copies a host file to dest, or a host directory's contents into dest (below fence);
+    with an owner, what it creates belongs to that user."""
     if not src.exists():
         raise SandboxCopyError(f"{src} does not exist")
-    _ensure_dir(dest.parent, fence)
+    created = _ensure_dir(dest.parent, fence)
     if src.is_dir():
-        _ensure_dir(dest, fence)
+        created += _ensure_dir(dest, fence)
         _merge(src, dest)
     else:
         _replace_link(dest)
         shutil.copy2(src, dest)
+    if owner is not None:
+        for path in created:
+            _chown(path, owner)
+        _chown_tree(dest, owner)
 
 
 def copy_out(src: Path, dest: Path, fence: Path) -> None:
@@ -118,15 +163,32 @@ def copy_out(src: Path, dest: Path, fence: Path) -> None:
         shutil.copy2(src, dest, follow_symlinks=False)
 
 
-def _ensure_dir(path: Path, fence: Path) -> None:
+def _ensure_dir(path: Path, fence: Path) -> list[Path]:
+    """Makes path a real directory below fence (links on the way replaced); returns the
+    directories it created."""
+    created = []
     current = fence
     for part in path.relative_to(fence).parts:
         current = current / part
         _replace_link(current)
         if not current.exists():
             current.mkdir()
+            created.append(current)
         elif not current.is_dir():
             raise SandboxCopyError(f"{current.relative_to(fence)} is a file, not a directory")
+    return created
+
+
+def _chown(path: Path, owner: SandboxUser) -> None:
+    os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
+
+
+def _chown_tree(top: Path, owner: SandboxUser) -> None:
+    _chown(top, owner)
+    if top.is_dir() and not top.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in (*dirnames, *filenames):
+                _chown(Path(dirpath) / name, owner)
 
 
 def _merge(src: Path, dest: Path) -> None:

@@ -1,13 +1,19 @@
 """A sandbox whose every command is one host process wrapping it in fresh namespaces (bwrap,
-apptainer) over a persistent host workspace, with the proxy forwarder in front of the command."""
+apptainer) over a persistent host workspace, with the proxy forwarder in front of the command.
+
+A command's PID namespace dies with it, and every process in it: between commands nothing of the
+sandbox runs, so `reap` has nothing to do and copies never race a process of the agent."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rolltap.runner.sandboxes.base import (
+    FORWARDER,
     INSIDE_FORWARDER,
     INSIDE_PROXY_DIR,
     Command,
@@ -16,17 +22,33 @@ from rolltap.runner.sandboxes.base import (
     command_argv,
 )
 from rolltap.runner.sandboxes.errors import SandboxExecError, SandboxStartError
+from rolltap.runner.sandboxes.etc import build_etc
+from rolltap.runner.sandboxes.identity import SandboxUser
 from rolltap.runner.sandboxes.process import run_process
 from rolltap.runner.sandboxes.workspace import (
     HOME,
     Workspace,
     copy_in,
     copy_out,
+    fresh_dir,
     locate,
     remove_workspace,
 )
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def support_dir(*, etc: bool) -> Path:
+    """A new directory, readable by the sandbox user, with what every sandbox of a provider
+    mounts: forwarder.py (the package itself may live under /root) and, with `etc`, the /etc
+    made for sandboxes over the host's /usr. The provider removes it when it closes."""
+    support = Path(tempfile.mkdtemp(prefix="rolltap-sandbox-"))
+    support.chmod(0o755)
+    if etc:
+        build_etc(support / "etc")
+    shutil.copy(FORWARDER, support / "forwarder.py")
+    (support / "forwarder.py").chmod(0o644)
+    return support
 
 
 def check_mounts(spec: SandboxSpec) -> None:
@@ -49,12 +71,15 @@ class WrappedSandbox:
         *,
         keep: bool,
         on_close: Callable[[WrappedSandbox], None],
+        user: SandboxUser | None = None,
     ) -> None:
+        """user: start every command's wrapper as this user."""
         self._spec = spec
         self._ws = ws
         self._wrap = wrap
         self._keep = keep
         self._on_close = on_close
+        self._user = user
         self._closed = False
 
     @property
@@ -101,15 +126,26 @@ class WrappedSandbox:
         }
         forwarder = forwarder_argv(self._spec) if proxy else []
         host_argv, host_env = self._wrap(forwarder + argv, cwd or self.workdir, inside_env)
-        return await run_process(host_argv, env=host_env, stdin=stdin, timeout=timeout, log=log)
+        return await run_process(
+            host_argv, env=host_env, stdin=stdin, timeout=timeout, log=log, user=self._user
+        )
 
     async def put(self, host_path: Path, inside_path: str) -> None:
         dest, fence = locate(self._ws, self._spec.mounts, inside_path, writing=True)
-        await asyncio.to_thread(copy_in, host_path, dest, fence)
+        owner = self._ws.owner if fence == self._ws.fs else None  # never re-own a host mount
+        await asyncio.to_thread(copy_in, host_path, dest, fence, owner)
 
     async def get(self, inside_path: str, host_path: Path) -> None:
         src, fence = locate(self._ws, self._spec.mounts, inside_path, writing=False)
         await asyncio.to_thread(copy_out, src, host_path, fence)
+
+    async def reap(self) -> None:
+        """Nothing to kill: each command's PID namespace ended with it (module docstring)."""
+
+    async def fresh_dir(self, inside_path: str, *, user: str | None = None) -> None:
+        if self._closed:
+            raise SandboxExecError("the sandbox is closed")
+        await asyncio.to_thread(fresh_dir, self._ws, inside_path)
 
     async def close(self) -> None:
         self._closed = True

@@ -64,6 +64,8 @@ def test_built_wheel_imports_and_carries_its_data(tmp_path: Path) -> None:
         "rolltap/migrations/script.py.mako",
         "rolltap/examples/tasks/hello-file/tests/test.sh",
         "rolltap/harness_images/codex/Dockerfile",
+        "rolltap/ui/templates/rollout.html",
+        "rolltap/ui/static/ui.js",
     ):
         assert required in names, required
     assert any(n.startswith("rolltap/migrations/versions/2026") for n in names)

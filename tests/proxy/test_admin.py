@@ -105,7 +105,8 @@ async def test_pause_holds_new_calls_lets_inflight_finish_and_stamps_versions(
         created = await store.create_rollout()
         client = sdk(f"{proxy.url}/r/{created.key}/v1")
         inflight = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
-        await asyncio.sleep(0.05)
+        while proxy.ctx.gate.inflight == 0:  # the call is with the engine
+            await asyncio.sleep(0.01)
         async with aiohttp.ClientSession() as session:
             status, paused = await _json(session, "POST", f"{proxy.url}/admin/pause?wait=10")
             # The in-flight call finished before pause answered; nothing was failed.

@@ -1,6 +1,7 @@
 """Real harness binaries in a real batch: runner + bwrap sandbox + proxy + a fake vLLM engine
 that answers each harness with its own tool calls (so the episode is deterministic and the
-reward comes out 1 from the task's real test), every call recorded with token ids."""
+reward comes out 1 from the task's real test), every call recorded with token ids. Run as root,
+the sandbox is the unprivileged sandbox user's, and the harness is mounted from its mirror."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ EPISODES: dict[str, list[Call | Say]] = {
         Say("Done."),
     ],
     "opencode": [Call("bash", {"command": WRITE, "description": "Write hello.txt"}), Say("Done.")],
+    # Codex speaks Responses and Claude Code Messages: the proxy turns both into chat for the
+    # engine, and back.
+    "codex": [Call("exec_command", {"cmd": WRITE}), Say("Done.")],
+    "claude-code": [
+        Call("Bash", {"command": WRITE, "description": "Write hello.txt"}),
+        Say("Done."),
+    ],
     "openhands": [
         Call("terminal", {"command": WRITE, "security_risk": "LOW", "summary": "write"}),
         Call("finish", {"message": "Done.", "summary": "done"}),

@@ -13,6 +13,7 @@ import pytest_asyncio
 from rolltap.runner.sandboxes.base import Limits
 from rolltap.runner.sandboxes.docker import (
     BASE_IMAGE,
+    DEFAULT_PIDS_LIMIT,
     LABEL_ROLLOUT,
     LABEL_RUN,
     LABEL_TASK,
@@ -49,6 +50,29 @@ async def test_containers_carry_labels_limits_and_no_network(provider: DockerPro
     assert (host["Memory"], host["PidsLimit"], host["NanoCpus"]) == (256 << 20, 64, 500_000_000)
     assert (host["NetworkMode"], host["AutoRemove"], host["Init"]) == ("none", True, True)
     assert "Resource temporarily unavailable" in fork_bomb.stderr
+
+
+async def test_containers_hold_no_privilege_and_a_default_pid_cap(
+    provider: DockerProvider,
+) -> None:
+    box = await provider.create(spec_for(plain_task()))
+    try:
+        attrs = await provider.run(provider.raw.inspect_container, box.container_id)
+        # A setuid-root copy of `id`, run by nobody: no-new-privileges keeps it nobody.
+        made = await box.exec("cp /usr/bin/id /tmp/id && chmod 4755 /tmp/id", user="0")
+        setuid = await box.exec("/tmp/id; grep NoNewPrivs /proc/self/status", user="nobody")
+    finally:
+        await box.close()
+
+    host = attrs["HostConfig"]
+    assert host["CapDrop"] == ["ALL"]
+    assert not host["CapAdd"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["PidsLimit"] == DEFAULT_PIDS_LIMIT
+    assert made.ok, made.stderr
+    assert setuid.stdout.startswith("uid=65534(nobody)"), setuid.stderr
+    assert "euid=0" not in setuid.stdout
+    assert "NoNewPrivs:\t1" in setuid.stdout
 
 
 async def test_commands_run_as_the_images_user_unless_told(

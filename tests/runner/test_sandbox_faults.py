@@ -31,6 +31,7 @@ from tests.support.sandboxes import (
     host_processes_running,
     plain_task,
     provider_of,
+    searchable,
     spec_for,
 )
 
@@ -113,7 +114,7 @@ async def test_a_killed_runner_takes_its_bwrap_sandboxes_with_it(tmp_path: Path)
     runner = _runner_script(
         f"""
         from rolltap.runner.sandboxes.bwrap import BwrapProvider
-        provider = BwrapProvider(Path({str(tmp_path)!r}))
+        provider = BwrapProvider(Path({str(searchable(tmp_path))!r}))
         box = await provider.create(spec_for(plain_task()))
         print("created", flush=True)
         await box.exec("sleep {mark}")

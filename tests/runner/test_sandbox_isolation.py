@@ -1,10 +1,13 @@
 """From inside a bwrap or docker sandbox the proxy is reachable, streaming included, and nothing
-else is: not the host's loopback, not another port, not the outside."""
+else is: not the host's loopback, not another port, not the outside, not the host's unix sockets
+(docker's, PostgreSQL's, an abstract one), and no raw socket can even be opened. (The local kind
+is the host's network and is left out on purpose.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,14 +26,35 @@ from tests.support.sandboxes import (
     spec_for,
 )
 
-# Runs inside the sandbox with the image's python3: tries to reach each (host, port) and prints
-# what happened, one JSON object per line.
+# Runs inside the sandbox with the image's python3: tries each target and prints what happened,
+# one JSON object per line. Targets: tcp:HOST:PORT, udp:HOST:PORT, unix:PATH, abstract:NAME,
+# raw: (an ICMP raw socket), packet: (a link-layer socket).
 PROBE = r"""
 import json, socket, sys
+
+def attempt(kind, where):
+    if kind in ("tcp", "udp"):
+        host, port = where.rsplit(":", 1)
+        if kind == "tcp":
+            socket.create_connection((host, int(port)), timeout=3).close()
+            return
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect((host, int(port)))
+        s.send(b"x")
+    elif kind in ("unix", "abstract"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect(where if kind == "unix" else "\0" + where)
+    elif kind == "raw":
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    else:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.close()
+
 for target in sys.argv[1:]:
-    host, port = target.rsplit(":", 1)
+    kind, _, where = target.partition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=3).close()
+        attempt(kind, where)
         print(json.dumps([target, "connected"]))
     except OSError as e:
         print(json.dumps([target, type(e).__name__]))
@@ -122,27 +146,41 @@ async def test_nothing_but_the_proxy_is_reachable(proxied: tuple[Sandbox, FakePr
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract_name = f"rolltap-probe-{secrets.token_hex(6)}"
+    abstract.bind("\0" + abstract_name)
+    abstract.listen()
     proxy_port = str(box.proxy_url).rsplit(":", 1)[1]
     targets = [
-        f"127.0.0.1:{proxy_port}",
-        f"127.0.0.1:{host_port}",
-        f"{_host_address()}:{host_port}",
-        "127.0.0.1:5432",
-        "1.1.1.1:53",
-        "8.8.8.8:443",
+        f"tcp:127.0.0.1:{proxy_port}",
+        f"tcp:127.0.0.1:{host_port}",
+        f"tcp:{_host_address()}:{host_port}",
+        "tcp:127.0.0.1:5432",
+        "tcp:1.1.1.1:53",
+        "tcp:8.8.8.8:443",
+        "udp:8.8.8.8:53",
+        "unix:/var/run/docker.sock",
+        "unix:/var/run/postgresql/.s.PGSQL.5432",
+        f"abstract:{abstract_name}",
+        "raw:",
+        "packet:",
     ]
     try:
-        # The host server is reachable from the host itself: the probe below is not vacuous.
+        # The host's server and abstract socket answer on the host: the probes are not vacuous.
         _, writer = await asyncio.open_connection("127.0.0.1", host_port)
         writer.close()
-        result = await box.exec(["python3", "-c", PROBE, *targets], timeout=60)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect("\0" + abstract_name)
+        result = await box.exec(["python3", "-c", PROBE, *targets], user="0", timeout=60)
     finally:
+        abstract.close()
         await runner.cleanup()
 
     outcomes = dict(json.loads(line) for line in result.stdout.splitlines())
-    assert outcomes.pop(f"127.0.0.1:{proxy_port}") == "connected"
+    assert outcomes.pop(f"tcp:127.0.0.1:{proxy_port}") == "connected", result.stderr
     assert "connected" not in outcomes.values(), outcomes
     assert len(outcomes) == len(targets) - 1
+    assert outcomes["raw:"] == outcomes["packet:"] == "PermissionError"
 
 
 async def test_names_do_not_resolve(proxied: tuple[Sandbox, FakeProxy]) -> None:

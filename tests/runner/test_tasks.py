@@ -97,6 +97,15 @@ def test_defaults_follow_harbor(tmp_path: Path) -> None:
     assert task.workdir == "/app"
 
 
+@pytest.mark.parametrize(("written", "mb"), [('"2G"', 2048), ('"512M"', 512), ('"1.5g"', 1536)])
+def test_harbors_older_memory_field_is_read_as_memory_mb(
+    tmp_path: Path, written: str, mb: int
+) -> None:
+    (task,) = load_tasks(make_task(tmp_path, toml=f"[environment]\nmemory = {written}\n"))
+
+    assert task.environment.memory_mb == mb
+
+
 def test_environment_files_setup_and_dockerfile_workdir(tmp_path: Path) -> None:
     d = make_task(
         tmp_path,
@@ -189,6 +198,8 @@ def test_the_jsonl_shorthand(tmp_path: Path) -> None:
         ({"task.toml": '[environment]\nworkdir = "/a/../etc"\n'}, "absolute path"),
         ({"task.toml": "[environment]\nmemory_mb = 0.5\n"}, "memory_mb"),
         ({"task.toml": "[environment]\ncpus = 0\n"}, "cpus"),
+        ({"task.toml": '[environment]\nmemory = "lots"\n'}, "expected a size"),
+        ({"task.toml": '[environment]\nmemory = "2G"\nmemory_mb = 1024\n'}, "differ"),
         ({"task.toml": '[environment]\nallow_internet = "no"\n'}, "allow_internet"),
         ({"task.toml": "[agent]\nuser = true\n"}, "user"),
         ({"task.toml": '[[steps]]\nname = "a"\n'}, "multi-step"),

@@ -13,6 +13,7 @@ from sqlalchemy import func, select, text
 
 from rolltap.store import NewRollout, Store
 from rolltap.store.models import call_table, choice_table
+from tests.support.records import call
 from tests.support.store_writer import tokens_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,8 @@ async def test_concurrent_writer_processes(db_url: str) -> None:
             await _assert_acked_calls_are_exact(store, acks, tag)
         seqs = [c.seq for c in await store.calls(shared)]
         assert seqs == list(range(1, 241))
+        # Two processes appended to it at once: still one unbroken hash chain.
+        assert (await store.verify_rollout(shared)).ok
         await _assert_consistent(store)
     finally:
         await store.close()
@@ -118,5 +121,7 @@ async def test_writer_killed_mid_batch_keeps_every_acknowledged_call(db_url: str
         calls = await store.calls(rollout_id)
         assert len(calls) >= len(acks)
         assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
+        await store.append_call(call(rollout_id, [1, 2], [3]))
+        assert (await store.verify_rollout(rollout_id)).ok
     finally:
         await store.close()

@@ -1,6 +1,7 @@
 """A harness that runs one shell script in the sandbox: a fake of the Harness Protocol for runner
 tests and benchmarks. The script sees ROLLTAP_BASE_URL (the rollout's .../v1 through the proxy
-forwarder) and ROLLTAP_KEY, and `python3 $ROLLTAP_ASK "prompt"` makes one chat call with them.
+forwarder), ROLLTAP_KEY and ROLLTAP_INSTRUCTION (the task's), and `python3 $ROLLTAP_ASK "prompt"`
+makes one chat call with them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ShellHarness:
                 "ROLLTAP_KEY": ctx.key,
                 "ROLLTAP_MODEL": ctx.model,
                 "ROLLTAP_ASK": str(ask),
+                "ROLLTAP_INSTRUCTION": ctx.instruction,
             },
             cwd=ctx.workdir,
             files={ask: ASK},

@@ -8,7 +8,14 @@ its arguments a character at a time. `/tokenize` renders messages and tools the 
 Logprobs are a fixed function of the token id. What it answers is decided by a `script` (request
 body -> Reply). Faults are injected per request with the `x-fake-fault` header or per reply:
 refuse (close before answering), status:<code>[:<message>], die_after:<k> (stream k chunks and
-drop the connection), hang, no_ids (behave like a plain OpenAI server).
+drop the connection), hang, no_ids (behave like a plain OpenAI server), and malformed answers:
+garble[:<k>] (a body, or stream chunk k, cut off mid-JSON), no_logprob[:<k>] (a logprob entry
+without its `logprob`), bad_ids[:<k>] (a token id that is a string), error_event:<k> (stream k
+chunks, then vLLM's error event and [DONE]).
+
+Every chat request's `X-Request-Id` is logged as `seen` when it arrives, and as `sent` (with the
+prompt ids and each choice's ids) once its whole answer was written; `--log FILE` appends both as
+JSON lines, so a test can read them after killing the process.
 
 Run standalone for benchmarks: `python -m tests.support.fake_vllm --port 8300 [--token-delay-ms 2]`.
 """
@@ -20,6 +27,7 @@ import asyncio
 import codecs
 import functools
 import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,6 +96,30 @@ def default_script(body: dict[str, Any]) -> Reply:
     return Reply(text=f"echo: {str(last)[:40]}")
 
 
+@dataclass(frozen=True)
+class Sent:
+    prompt: list[int]
+    choices: list[list[int]]
+
+
+def read_log(path: str) -> tuple[list[str], dict[str, Sent]]:
+    """A `--log` file: request ids seen, and the answers sent whole."""
+    seen: list[str] = []
+    sent: dict[str, Sent] = {}
+    if not os.path.exists(path):
+        return seen, sent  # nothing served yet
+    with open(path, "rb") as log:
+        for line in log:
+            if not line.endswith(b"\n"):
+                break  # the line being written when the process died
+            entry = orjson.loads(line)
+            if "seen" in entry:
+                seen.append(entry["seen"])
+            else:
+                sent[entry["sent"]] = Sent(entry["prompt"], entry["choices"])
+    return seen, sent
+
+
 @dataclass
 class FakeVLLM:
     script: Callable[[dict[str, Any]], Reply] = default_script
@@ -101,16 +133,123 @@ class FakeVLLM:
     meta_info when not streaming (400 if asked while streaming), a final sglext chunk with
     input_ids/output_ids when streaming, reasoning as reasoning_content."""
     disconnects: int = 0
-    """Streams cut short because the client (the proxy) closed the connection."""
+    """Answers cut short because the client (the proxy) closed the connection."""
     record_requests: bool = True
+    seen: list[str] = field(default_factory=list)
+    """X-Request-Id of every chat request received (kept when record_requests or log_path)."""
+    sent: dict[str, Sent] = field(default_factory=dict)
+    """X-Request-Id -> the ids of an answer written whole."""
+    log_path: str | None = None
+    weight_updates: list[dict[str, Any]] = field(default_factory=list)
+    """Bodies of POST /update_weights_from_disk, in order."""
+    refuse_weights: str | None = None
+    """Answer weight updates with this failure message (HTTP 400, SGLang's shape)."""
+    aborts: int = 0
+    """POST /abort_requests so far: answers running then end at once with finish_reason abort."""
+    planned: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+    """Prompt -> the ids its answer was going to have: a completions request with that prompt
+    plus a prefix of them (an aborted answer resumed token-in) gets the rest."""
+
+    def _log(self, request_id: str, sent: Sent | None = None) -> None:
+        if not (self.record_requests or self.log_path):
+            return
+        if sent is None:
+            self.seen.append(request_id)
+            line: dict[str, Any] = {"seen": request_id}
+        else:
+            self.sent[request_id] = sent
+            line = {"sent": request_id, "prompt": sent.prompt, "choices": sent.choices}
+        if self.log_path:
+            # One write per line: what reached the file survives the process being killed.
+            with open(self.log_path, "ab") as log:
+                log.write(orjson.dumps(line) + b"\n")
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024**2)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/update_weights_from_disk", self.update_weights)
+        app.router.add_post("/abort_requests", self.abort_requests)
+        app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         return app
+
+    async def update_weights(self, request: web.Request) -> web.Response:
+        """SGLang's (and rolltap's engine's) weight update: records the order, sets the label."""
+        body = orjson.loads(await request.read())
+        self.weight_updates.append(body)
+        if self.refuse_weights is not None:
+            answer = {"success": False, "message": self.refuse_weights, "num_paused_requests": 0}
+            return web.json_response(answer, status=400)
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+        answer = {"success": True, "message": "loaded", "num_paused_requests": 0}
+        return web.json_response({**answer, "weight_version": self.weight_version})
+
+    async def abort_requests(self, request: web.Request) -> web.Response:
+        """vLLM's dev-mode abort-all: every answer being generated ends now with "abort"."""
+        self.aborts += 1
+        return web.json_response({})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """Token-in completions, answering the rest of a planned answer (see `planned`)."""
+        body = orjson.loads(await request.read())
+        if self.record_requests:
+            self.requests.append((request.path, CIMultiDict(request.headers), body))
+        prompt = list(body["prompt"])
+        ids = self._rest_of(prompt)
+        finish = "stop"
+        if body.get("max_tokens") is not None and len(ids) > int(body["max_tokens"]):
+            ids, finish = ids[: int(body["max_tokens"])], "length"
+        header = {"id": f"cmpl-{len(self.requests)}", "created": int(time.time()), "model": MODEL}
+        delay = self.token_delay
+        with_ids = body.get("return_token_ids") is True
+
+        def choice(part: list[int], ended: str | None, first: bool) -> dict[str, Any]:
+            entry: dict[str, Any] = {"index": 0, "text": decode(part)}
+            entry["logprobs"] = _completion_logprobs(part) if "logprobs" in body else None
+            entry["finish_reason"] = ended
+            entry["stop_reason"] = None
+            if with_ids:
+                entry["token_ids"] = part
+                if first:
+                    entry["prompt_token_ids"] = prompt
+            return entry
+
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt) + len(ids),
+        }
+        if not body.get("stream"):
+            await asyncio.sleep(delay * len(ids))
+            doc = {**header, "object": "text_completion", "choices": [choice(ids, finish, True)]}
+            return web.json_response({**doc, "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        base = {**header, "object": "text_completion"}
+        for k, token in enumerate(ids):
+            ended = finish if k == len(ids) - 1 else None
+            chunk = {**base, "choices": [choice([token], ended, k == 0)]}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if delay:
+                await asyncio.sleep(delay)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunk = {**base, "choices": [], "usage": usage}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    def _rest_of(self, prompt: list[int]) -> list[int]:
+        for start, planned in self.planned.items():
+            n = len(start)
+            done = len(prompt) - n
+            fits = prompt[:n] == list(start) and 0 <= done <= len(planned)
+            if fits and prompt[n:] == planned[:done]:
+                return planned[done:]
+        return [*encode("continued"), IM_END]
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
@@ -167,18 +306,54 @@ class FakeVLLM:
         n = int(body.get("n") or 1)
         prompt = render(body["messages"], body.get("tools"))
         request_id = request.headers.get("X-Request-Id") or f"{self.served}"
+        self._log(request_id)
         choices = [self._choice(reply, i, body, request_id) for i in range(n)]
+        self.planned[tuple(prompt)] = choices[0]["ids"]
         header = {"id": f"chatcmpl-{request_id}", "created": int(time.time()), "model": MODEL}
-        if body.get("stream"):
-            try:
-                return await self._stream(
-                    request, body, header, prompt, choices, with_ids, fault, reply
+        sent = Sent(prompt, [c["ids"] for c in choices])
+        generation = self.aborts
+
+        def aborted() -> bool:
+            return self.aborts != generation
+
+        try:
+            if body.get("stream"):
+                response = await self._stream(
+                    request, body, header, prompt, choices, with_ids, fault, reply, aborted
                 )
-            except (ConnectionResetError, asyncio.CancelledError):
-                # aiohttp cancels the handler, or the next write fails, once the client left.
-                if not fault.startswith("die_after:"):
-                    self.disconnects += 1
-                raise
+            else:
+                response = await self._whole(
+                    body, header, prompt, choices, with_ids, fault, reply, aborted
+                )
+        except (ConnectionResetError, asyncio.CancelledError):
+            # aiohttp cancels the handler, or the next write fails, once the client left.
+            if not fault.startswith("die_after:"):
+                self.disconnects += 1
+            raise
+        if not fault.startswith(("garble", "no_logprob", "bad_ids", "error_event")):
+            self._log(request_id, sent)
+        return response
+
+    async def _whole(
+        self,
+        body: dict[str, Any],
+        header: dict[str, Any],
+        prompt: list[int],
+        choices: list[dict[str, Any]],
+        with_ids: bool,
+        fault: str,
+        reply: Reply,
+        aborted: Callable[[], bool],
+    ) -> web.Response:
+        delay = reply.token_delay or self.token_delay
+        longest = max(len(c["ids"]) for c in choices)
+        for k in range(longest):
+            if aborted():
+                # Ended with what was sampled so far, as vLLM answers an aborted request.
+                choices = [_cut(c, k) for c in choices]
+                break
+            if delay:
+                await asyncio.sleep(delay)
         out_choices = []
         for i, c in enumerate(choices):
             entry: dict[str, Any] = {"index": i, "message": c["message"]}
@@ -205,8 +380,14 @@ class FakeVLLM:
         }
         if with_ids:
             payload["prompt_token_ids"] = prompt
-        await asyncio.sleep(reply.token_delay * completion or self.token_delay * completion)
-        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+        if fault.startswith("no_logprob") and out_choices[0]["logprobs"]:
+            _drop_logprob(out_choices[0])
+        if fault.startswith("bad_ids"):
+            out_choices[0]["token_ids"] = [*out_choices[0].get("token_ids", ()), "not-an-id"]
+        raw = orjson.dumps(payload)
+        if fault.startswith("garble"):
+            raw = raw[: len(raw) // 2]
+        return web.Response(body=raw, content_type="application/json")
 
     def _choice(
         self, reply: Reply, index: int, body: dict[str, Any], request_id: str
@@ -264,78 +445,100 @@ class FakeVLLM:
         with_ids: bool,
         fault: str,
         reply: Reply,
+        aborted: Callable[[], bool],
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        die_after = int(fault.split(":")[1]) if fault.startswith("die_after:") else None
+        kind, _, at = fault.partition(":")
+        fault_at = int(at) if at.isdigit() else None
         delay = reply.token_delay or self.token_delay
         sent = 0
         chunk_base = {**header, "object": "chat.completion.chunk"}
 
         async def send(obj: dict[str, Any]) -> None:
             nonlocal sent
-            if die_after is not None and sent >= die_after:
+            if sent == fault_at and kind == "die_after":
                 assert request.transport is not None
                 request.transport.abort()
                 raise ConnectionResetError("fake engine died")
-            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+            if sent == fault_at and kind == "error_event":
+                error = {"message": "fake failure mid-stream", "type": "InternalServerError"}
+                await resp.write(b"data: " + orjson.dumps({"error": {**error, "code": 500}}))
+                await resp.write(b"\n\ndata: [DONE]\n\n")
+                raise _Ended
+            if sent == fault_at and kind == "no_logprob":
+                for choice in obj["choices"]:
+                    _drop_logprob(choice)
+            if sent == fault_at and kind == "bad_ids":
+                for choice in obj["choices"]:
+                    choice["token_ids"] = ["not-an-id"]
+            raw = orjson.dumps(obj)
+            if sent == fault_at and kind == "garble":
+                raw = raw[: len(raw) // 2]
+            await resp.write(b"data: " + raw + b"\n\n")
             sent += 1
 
-        for i, _ in enumerate(choices):
-            first: dict[str, Any] = {
-                **chunk_base,
-                "choices": [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-            if with_ids:
-                first["prompt_token_ids"] = prompt
-            await send(first)
-        # One chunk per token, choices interleaved, like vLLM's per-step output.
-        streams = [self._token_deltas(c) for c in choices]
-        for step in itertools.zip_longest(*streams):
-            for i, item in enumerate(step):
-                if item is None:
-                    continue
-                token_id, delta = item
-                entry: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": None}
-                entry["logprobs"] = (
-                    self._logprobs([token_id], body) if body.get("logprobs") else None
-                )
-                if with_ids:
-                    entry["token_ids"] = [token_id]
-                await send({**chunk_base, "choices": [entry]})
-            if delay:
-                await asyncio.sleep(delay)
-        for i, c in enumerate(choices):
-            final: dict[str, Any] = {"index": i, "delta": {}, "logprobs": None}
-            final["finish_reason"] = c["finish_reason"]
-            final["stop_reason"] = None
-            if with_ids:
-                final["token_ids"] = []
-            await send({**chunk_base, "choices": [final]})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            completion = sum(len(c["ids"]) for c in choices)
-            await send(
-                {
+        try:
+            for i, _ in enumerate(choices):
+                first: dict[str, Any] = {
                     **chunk_base,
-                    "choices": [],
-                    "usage": {
-                        "prompt_tokens": len(prompt),
-                        "completion_tokens": completion,
-                        "total_tokens": len(prompt) + completion,
-                    },
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
                 }
-            )
-        if self.sglang and body.get("return_output_ids_in_sglext"):
-            sglext = {"input_ids": prompt, "output_ids": [c["ids"] for c in choices]}
-            await send({**chunk_base, "choices": [], "sglext": sglext})
-        await resp.write(b"data: [DONE]\n\n")
+                if with_ids:
+                    first["prompt_token_ids"] = prompt
+                await send(first)
+            # One chunk per token, choices interleaved, like vLLM's per-step output.
+            streams = [self._token_deltas(c) for c in choices]
+            for k, step in enumerate(itertools.zip_longest(*streams)):
+                if aborted():
+                    choices = [_cut(c, k) for c in choices]
+                    break
+                for i, item in enumerate(step):
+                    if item is None:
+                        continue
+                    token_id, delta = item
+                    entry: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": None}
+                    entry["logprobs"] = (
+                        self._logprobs([token_id], body) if body.get("logprobs") else None
+                    )
+                    if with_ids:
+                        entry["token_ids"] = [token_id]
+                    await send({**chunk_base, "choices": [entry]})
+                if delay:
+                    await asyncio.sleep(delay)
+            for i, c in enumerate(choices):
+                final: dict[str, Any] = {"index": i, "delta": {}, "logprobs": None}
+                final["finish_reason"] = c["finish_reason"]
+                final["stop_reason"] = None
+                if with_ids:
+                    final["token_ids"] = []
+                await send({**chunk_base, "choices": [final]})
+            if (body.get("stream_options") or {}).get("include_usage"):
+                completion = sum(len(c["ids"]) for c in choices)
+                await send(
+                    {
+                        **chunk_base,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": len(prompt),
+                            "completion_tokens": completion,
+                            "total_tokens": len(prompt) + completion,
+                        },
+                    }
+                )
+            if self.sglang and body.get("return_output_ids_in_sglext"):
+                sglext = {"input_ids": prompt, "output_ids": [c["ids"] for c in choices]}
+                await send({**chunk_base, "choices": [], "sglext": sglext})
+            await resp.write(b"data: [DONE]\n\n")
+        except _Ended:
+            pass  # the fault wrote the stream's end itself
         await resp.write_eof()
         return resp
 
@@ -372,6 +575,19 @@ class FakeVLLM:
         return deltas
 
 
+class _Ended(Exception):
+    """A fault ended the stream early (and wrote its end)."""
+
+
+def _drop_logprob(choice: dict[str, Any]) -> None:
+    """Remove the `logprob` of the choice's first logprob entry (a malformed engine answer)."""
+    logprobs = choice.get("logprobs")
+    if logprobs and logprobs.get("content"):
+        content = [dict(e) for e in logprobs["content"]]
+        del content[0]["logprob"]
+        choice["logprobs"] = {**logprobs, "content": content}
+
+
 def _segments(message: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """The raw output split by what a parser makes of each part: (kind, text, extra)."""
     if message.get("reasoning") is None and not message.get("tool_calls"):
@@ -404,21 +620,57 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8300)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
     parser.add_argument("--reply-tokens", type=int, default=0, help="answer this many tokens")
+    parser.add_argument("--log", help="append seen/sent request ids here (JSON lines)")
     args = parser.parse_args()
     text = "x" * max(0, args.reply_tokens - 1)
 
     def script(body: dict[str, Any]) -> Reply:
-        return Reply(text=text) if args.reply_tokens else default_script(body)
+        reply = Reply(text=text) if args.reply_tokens else default_script(body)
+        # A client picks a fault for its call with "fault=<spec>" in its last message.
+        last = str(body["messages"][-1].get("content") or "")
+        if "fault=" in last:
+            reply.fault = last.split("fault=", 1)[1].split()[0]
+        return reply
 
-    fake = FakeVLLM(script=script, token_delay=args.token_delay_ms / 1000, record_requests=False)
+    fake = FakeVLLM(
+        script=script,
+        token_delay=args.token_delay_ms / 1000,
+        record_requests=False,
+        log_path=args.log,
+    )
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(
+        fake.app(),
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+    )
 
 
 if __name__ == "__main__":
     main()
+
+
+def _cut(choice: dict[str, Any], k: int) -> dict[str, Any]:
+    """A choice aborted after its first k tokens (plain text answers only)."""
+    ids = choice["ids"][:k]
+    message = {"role": "assistant", "content": decode(ids)}
+    return {"ids": ids, "message": message, "finish_reason": "abort"}
+
+
+def _completion_logprobs(ids: list[int]) -> dict[str, Any]:
+    """The completions route's logprobs: parallel lists, as vLLM's /v1/completions gives."""
+    tokens = [decode([i]) for i in ids]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [logprob_of(i) for i in ids],
+        "top_logprobs": [{t: logprob_of(i)} for t, i in zip(tokens, ids, strict=True)],
+        "text_offset": list(itertools.accumulate([0, *map(len, tokens[:-1])]))[: len(ids)],
+    }

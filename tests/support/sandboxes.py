@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rolltap.proxy.server import restrict_socket
 from rolltap.runner.sandboxes.apptainer import ApptainerProvider
 from rolltap.runner.sandboxes.base import SandboxProvider, SandboxSpec
 from rolltap.runner.sandboxes.bwrap import BwrapProvider
 from rolltap.runner.sandboxes.docker import BASE_IMAGE, DockerProvider
 from rolltap.runner.sandboxes.errors import SandboxUnavailable
+from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.runner.sandboxes.local import LocalProvider
 from rolltap.runner.tasks import Task, TaskEnvironment
 
@@ -38,14 +40,14 @@ async def open_provider(kind: str, root: Path) -> SandboxProvider:
     if kind == "bwrap":
         if shutil.which("bwrap") is None:
             pytest.skip("bwrap is not installed: run .ci/setup-bwrap")
-        return BwrapProvider(root)
+        return BwrapProvider(searchable(root))
     if kind == "apptainer":
         if shutil.which("apptainer") is None:
             pytest.skip("apptainer is not installed (not in Debian bookworm main)")
         image = os.environ.get(APPTAINER_IMAGE)
         if not image:
             pytest.skip(f"apptainer: set {APPTAINER_IMAGE} to a SIF with bash and python3")
-        return ApptainerProvider(root, image=image)
+        return ApptainerProvider(searchable(root), image=image)
     try:
         provider = await DockerProvider.connect()
     except SandboxUnavailable as e:
@@ -63,6 +65,21 @@ async def provider_of(kind: str, root: Path) -> AsyncIterator[SandboxProvider]:
         yield provider
     finally:
         await provider.close()
+
+
+TEST_WORKSPACES = Path(tempfile.gettempdir()) / "rolltap-test-workspaces"
+
+
+def searchable(root: Path) -> Path:
+    """Where a test's bwrap or apptainer workspaces go. As root these kinds run as the sandbox
+    user, which must look its workspaces up, and pytest's temp directories are 0700 (reset so
+    by every pytest session): then a fresh directory it can search, below TEST_WORKSPACES."""
+    if os.geteuid() != 0:
+        return root
+    TEST_WORKSPACES.mkdir(mode=0o711, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f"{root.parent.name[:40]}-", dir=TEST_WORKSPACES))
+    fresh.chmod(0o711)
+    return fresh
 
 
 def plain_task(task_id: str = "plain", workdir: str = "/app") -> Task:
@@ -133,6 +150,11 @@ async def fake_proxy() -> AsyncIterator[tuple[Path, FakeProxy]]:
     runner = web.AppRunner(proxy.app())
     await runner.setup()
     await web.UnixSite(runner, str(sock)).start()
+    # As the real proxy's socket (runner/host.py): its owner and the sandboxes' group only.
+    group = sandbox_user().gid
+    restrict_socket(str(sock), group)
+    os.chown(directory, -1, group)
+    directory.chmod(0o750)
     try:
         yield sock, proxy
     finally:

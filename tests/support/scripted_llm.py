@@ -60,6 +60,8 @@ class Seen:
 class ScriptedLLM:
     script: Sequence[Action]
     side_reply: str = "Greeting"
+    side_failure: Fail | None = None
+    """Answer calls without tools (side calls, single-call) with this error instead."""
     model: str = "scripted-model"
     seen: list[Seen] = field(default_factory=list)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -100,7 +102,7 @@ class ScriptedLLM:
 
     def _action(self, has_tools: bool, tool_results: int) -> Action:
         if not has_tools:
-            return Say(self.side_reply)
+            return self.side_failure or Say(self.side_reply)
         if tool_results < len(self.script):
             return self.script[tool_results]
         return Say("Done.")

@@ -1,0 +1,22 @@
+"""Where a call's answer comes from: the engine, or the cassette of a rollout being replayed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rolltap.proxy.call import EngineCall
+from rolltap.proxy.intake import Intake
+from rolltap.proxy.relay import EngineAnswer
+
+
+async def engine_answer(taken: Intake, body: dict[str, Any]) -> EngineAnswer:
+    """The answer for a call whose chat request is `body`, for every dialect."""
+    replay = taken.ctx.replay
+    if replay is not None:
+        return await replay.answer(taken, body)
+    return await live_answer(taken, body)
+
+
+async def live_answer(taken: Intake, body: dict[str, Any]) -> EngineAnswer:
+    """The engine's answer, with token capture (call.py)."""
+    return EngineCall(taken.ctx, taken.exchange, body, rollout=taken.state)

@@ -1,0 +1,154 @@
+"""`rolltap audit verify`: recompute rollouts' hash chains and say what was altered, and where;
+check a signed export against its signature and the store."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from rolltap.cli.options import db_option
+from rolltap.cli.signing import secret_option, signing_key
+from rolltap.store import NotFound, StoreReader, signature
+from rolltap.store import open as open_store
+from rolltap.store.integrity import RolloutIntegrity
+
+
+@click.group()
+def audit() -> None:
+    """Check what the store holds against its hash chains."""
+
+
+@audit.command()
+@db_option
+@click.argument("rollout_id", required=False)
+@click.option("--batch", help="Every rollout of this batch.")
+@click.option(
+    "--export",
+    "export_path",
+    type=click.Path(path_type=Path),
+    help="Check a signed export (the file or directory, or its .sig): its signature, its files, "
+    "and each of its rollouts against this store's chains.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per rollout (JSON Lines) on stdout."
+)
+@secret_option
+def verify(
+    db_url: str | None,
+    rollout_id: str | None,
+    batch: str | None,
+    export_path: Path | None,
+    as_json: bool,
+    secret: str | None,
+) -> None:
+    """Recompute each call's digest and link and the rollout's sealed head; list every altered,
+    missing or reordered call, and the calls the proxy refused. Exit status 1 when anything
+    does not hold."""
+    if sum(x is not None for x in (rollout_id, batch, export_path)) != 1:
+        raise click.UsageError("give a ROLLOUT id, --batch NAME or --export FILE")
+    console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    if export_path is not None:
+        try:
+            export, manifest = signature.read(export_path)
+        except signature.BadManifest as e:
+            raise click.ClickException(str(e)) from e
+        checked = signature.check(export, manifest, signing_key(db_url, secret, create=False))
+        if not _verify_export(console, db_url, checked):
+            sys.exit(1)
+        return
+    failed = 0
+    with open_store(db_url) as store:
+        ids = (
+            [rollout_id]
+            if rollout_id is not None
+            else [r.id for r in store.rollouts(batch=batch, oldest_first=True)]
+        )
+        if not ids:
+            raise click.ClickException(f"batch {batch!r} has no rollouts")
+        for rid in ids:
+            result = store.verify_rollout(rid)
+            failed += not result.ok
+            if as_json:
+                click.echo(json.dumps(result.as_dict()))
+            else:
+                render(console, result)
+    if not as_json and len(ids) > 1:
+        console.print(f"{len(ids)} rollouts: {len(ids) - failed} intact, {failed} with issues")
+    if failed:
+        sys.exit(1)
+
+
+def _verify_export(console: Console, db_url: str | None, checked: signature.SignatureCheck) -> bool:
+    manifest = checked.manifest
+    about = manifest.get("export", {})
+    state = "[green]valid[/green]" if checked.signed else "[red bold]INVALID[/red bold]"
+    console.print(
+        f"export {about.get('name')} ({about.get('format')}, {len(manifest.get('files', []))} "
+        f"files, {len(manifest.get('rollouts', []))} rollouts, signed {manifest.get('created_at')})"
+        f"  signature {state}"
+    )
+    problems = list(checked.problems)
+    with open_store(db_url) as store:
+        for entry in manifest.get("rollouts", []):
+            problems += _against_store(console, store, entry)
+    for problem in problems:
+        console.print(f"  [red]{escape(problem)}[/red]")
+    verdict = "[green]the export is what was signed[/green]"
+    if problems:
+        verdict = f"[red bold]{len(problems)} problem(s)[/red bold]"
+    console.print(verdict)
+    return not problems
+
+
+def _against_store(console: Console, store: StoreReader, entry: dict[str, Any]) -> list[str]:
+    """The store's record of an exported rollout against what the export says it was."""
+    rid = str(entry.get("id"))
+    try:
+        result = store.verify_rollout(rid)
+    except NotFound:
+        console.print(f"  rollout {rid}: not in this store (only the signature was checked)")
+        return []
+    problems = [f"rollout {rid}: {issue.message}" for issue in result.issues]
+    n = int(entry.get("calls") or 0)
+    calls = store.calls(rid)
+    at = next((c for c in calls if c.seq == n), None)
+    now = at.hash if at is not None else (None if n else entry.get("chain_hash"))
+    if now != entry.get("chain_hash"):
+        problems.append(f"rollout {rid}: its first {n} calls are not the ones exported")
+    if entry.get("head_hash") is not None and result.head_hash != entry.get("head_hash"):
+        problems.append(f"rollout {rid}: its sealed head differs from the exported one")
+    if not problems:
+        console.print(f"  rollout {rid}: matches the store ({n} calls)")
+    return problems
+
+
+def render(console: Console, result: RolloutIntegrity) -> None:
+    """A rollout's integrity in a few lines: its verdict, then each issue and refused call."""
+    if result.ok:
+        verdict = "[green]intact[/green]"
+    else:
+        n = len(result.issues)
+        verdict = f"[red bold]NOT INTACT[/red bold] ({n} issue{'s' * (n != 1)})"
+    if result.sealed:
+        seal = f"sealed at seq {result.head_seq}, head {(result.head_hash or '')[:16]}"
+        if result.after_head:
+            seal += f", {result.after_head} call(s) after the end"
+    else:
+        seal = "not sealed yet (still running)"
+    console.print(
+        f"rollout {result.rollout_id}  {result.status.value}  {result.calls} calls  {seal}  "
+        + verdict
+    )
+    for issue in result.issues:
+        console.print(f"  [red]{issue.kind.value:>9}[/red]  {escape(issue.message)}")
+    for refused in result.refused:
+        why = escape(refused.error or "")
+        console.print(
+            f"  [yellow]  refused[/yellow]  seq {refused.seq} ({refused.http_status}) {why}"
+        )

@@ -1,0 +1,158 @@
+"""Where a rollout runs: the seam between the service's scheduling and the machines.
+
+`RolloutExecutor.run` takes a planned rollout (its row is in the store, with its key) to its end
+and records the result there. Cancelling the task that awaits it must stop the rollout and
+leave no sandbox or process behind. `LocalExecutor` runs rollouts in this process's sandboxes
+through `rolltap.runner.rollout`; another implementation may run them on a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from rolltap.runner.harnesses import (
+    Harness,
+    Installation,
+    NotInstalled,
+    image_installation,
+    install,
+    installation,
+)
+from rolltap.runner.harnesses.base import BuiltIn
+from rolltap.runner.harnesses.images import build_context, host_ca_bundle
+from rolltap.runner.plan import Planned
+from rolltap.runner.provenance import harness_metadata
+from rolltap.runner.rollout import (
+    BatchProgress,
+    BuildsHarnessImages,
+    Pools,
+    RolloutResult,
+    Shared,
+    run_rollout,
+)
+from rolltap.runner.sandboxes.base import SandboxProvider
+from rolltap.runner.sandboxes.kinds import make_provider
+from rolltap.runner.service.spec import BatchSpec
+from rolltap.store import Store
+
+
+class RolloutExecutor(Protocol):
+    async def run(self, planned: Planned) -> RolloutResult: ...
+
+
+ProviderOpener = Callable[[], contextlib.AbstractAsyncContextManager[SandboxProvider]]
+"""Opens a sandbox provider for one batch (tests hand the service one of their own)."""
+
+ExecutorFactory = Callable[
+    [BatchSpec, str], contextlib.AbstractAsyncContextManager[RolloutExecutor]
+]
+"""(spec, batch id) -> an executor for that batch, open while the batch runs."""
+
+
+@dataclass
+class LocalHost:
+    """What every batch run in this process shares."""
+
+    store: Store
+    proxy_socket: Path
+    model: Callable[[], str]
+    """The served model name harnesses ask for (known once a backend answered)."""
+    logs_root: Path
+    pools: Pools
+    """INIT/RUN/EVAL slots shared by every batch that sets no pools of its own."""
+    harnesses: Mapping[str, Harness]
+    installations: Mapping[str, Installation] = field(default_factory=dict)
+    """Ready installations by harness name; others come from `rolltap harness install`."""
+    sandbox_image: str | None = None
+    providers: Mapping[str, ProviderOpener] = field(default_factory=dict)
+    """Sandbox providers by kind, instead of `make_provider(kind)`."""
+    revoke_key: Callable[[str], None] | None = None
+    """Refuses a rollout key at once in the proxy of this process (when it is one); the store's
+    `key_revoked_at` reaches a proxy elsewhere on its next read of the rollout."""
+
+
+class LocalExecutor:
+    def __init__(self, shared: Shared) -> None:
+        self._shared = shared
+
+    async def run(self, planned: Planned) -> RolloutResult:
+        return await run_rollout(self._shared, planned)
+
+
+def local_executors(host: LocalHost) -> ExecutorFactory:
+    @contextlib.asynccontextmanager
+    async def open_executor(spec: BatchSpec, batch_id: str) -> AsyncIterator[RolloutExecutor]:
+        harness = host.harnesses[spec.harness]
+        async with contextlib.AsyncExitStack() as stack:
+            opener = host.providers.get(spec.sandbox)
+            if opener is not None:
+                provider = await stack.enter_async_context(opener())
+            else:
+                provider = await make_provider(spec.sandbox, image=host.sandbox_image)
+                stack.push_async_callback(provider.close)
+            # Whatever a rollout of this batch left behind goes when the batch ends, whatever
+            # way it ends (a cancelled INIT may not have got to closing its sandbox).
+            stack.push_async_callback(provider.sweep, batch_id)
+            builtin = isinstance(harness.packages, BuiltIn)
+            images = (
+                provider.kind == "docker" and not builtin and spec.harness not in host.installations
+            )
+            image_context = None
+            if images:
+                if not isinstance(provider, BuildsHarnessImages):
+                    raise ValueError(f"the {provider.kind} sandbox cannot build harness images")
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rolltap-img-"))
+                image_context = build_context(harness, Path(tmp), host_ca_bundle())
+                installed = image_installation(harness)
+            else:
+                installed = await _installed(harness, host.installations)
+            await provider.sweep(batch_id)
+            installed_from = "builtin" if builtin else "image" if images else "host"
+            settings = {
+                "model": host.model(),
+                "max_steps": spec.budgets.max_steps,
+                "timeout": spec.budgets.timeout,
+            }
+            sizes = spec.pools
+            shared = Shared(
+                store=host.store,
+                provider=provider,
+                harness=harness,
+                installation=installed,
+                pools=host.pools
+                if sizes is None
+                else Pools.sized(sizes.init, sizes.run, sizes.eval),
+                run_id=batch_id,
+                proxy_socket=host.proxy_socket,
+                model=host.model(),
+                logs_root=host.logs_root / batch_id,
+                timeout=spec.budgets.timeout,
+                max_steps=spec.budgets.max_steps,
+                retries=spec.retries,
+                progress=BatchProgress(total=len(spec.tasks) * spec.samples_per_task),
+                sandbox_kind=provider.kind,
+                image=host.sandbox_image,
+                image_context=image_context,
+                run_meta=harness_metadata(harness, installed_from, settings),
+                revoke_key=host.revoke_key,
+            )
+            yield LocalExecutor(shared)
+
+    return open_executor
+
+
+async def _installed(harness: Harness, ready: Mapping[str, Installation]) -> Installation:
+    found = ready.get(harness.name)
+    if found is not None:
+        return found
+    try:
+        return installation(harness)
+    except NotInstalled:
+        await asyncio.to_thread(install, harness)
+        return installation(harness)

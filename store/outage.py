@@ -1,0 +1,54 @@
+"""Whether a failed database operation means the database is away rather than the write is bad.
+
+An outage (the server stopped, restarting, unreachable, out of connections; a SQLite file that is
+locked, read-only or on a failing disk) is worth waiting out: the same transaction will commit
+once the database is back. Anything else (a constraint, a type, a bug) will fail again, so the
+writer isolates it instead of retrying it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import asyncpg
+from sqlalchemy.exc import DBAPIError
+
+# asyncpg's own errors that mean "no usable connection": connection class 08, operator
+# intervention 57P0x (admin/crash shutdown, cannot connect now), insufficient resources 53xxx.
+_PG_OUTAGE = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.InterfaceError,
+)
+# SQLite reports all of these as OperationalError; the message tells them from a bad statement.
+_SQLITE_OUTAGE = (
+    "database is locked",
+    "database table is locked",
+    "readonly database",
+    "disk i/o error",
+    "unable to open database file",
+    "database or disk is full",
+)
+
+
+def is_outage(error: BaseException) -> bool:
+    if isinstance(error, DBAPIError):
+        if error.connection_invalidated:
+            return True
+        return is_outage(error.orig) if error.orig is not None else False
+    if isinstance(error, (OSError, *_PG_OUTAGE)):
+        return True
+    if isinstance(error, sqlite3.OperationalError):
+        message = str(error).lower()
+        return any(marker in message for marker in _SQLITE_OUTAGE)
+    cause = error.__cause__
+    # SQLAlchemy's asyncpg adapter wraps the driver's error; the original is the cause.
+    return cause is not None and cause is not error and is_outage(cause)
+
+
+def describe(error: BaseException) -> str:
+    """One line for logs and /health: the driver's own words, no URL or password."""
+    original = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+    text = str(original).strip().splitlines()[0] if str(original).strip() else ""
+    return f"{type(original).__name__}: {text}"[:200]

@@ -1,0 +1,137 @@
+"""`rolltap ls --json` (JSON Lines) and `rolltap show --json` (one document): stable field names
+for auditors' own tools, the same values the store's reader API returns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rolltap.cli.main import cli
+from rolltap.store import CallStatus, NewRollout, Store
+from tests.support.records import call
+
+ROLLOUT_FIELDS = [
+    "id",
+    "batch_id",
+    "task_id",
+    "sample_index",
+    "attempt",
+    "harness",
+    "model",
+    "status",
+    "reward",
+    "reward_details",
+    "error",
+    "max_calls",
+    "max_tokens",
+    "n_calls",
+    "n_tokens",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "head_hash",
+    "head_seq",
+    "key_revoked_at",
+    "meta",
+]
+CALL_FIELDS = [
+    "id",
+    "rollout_id",
+    "seq",
+    "dialect",
+    "purpose",
+    "model",
+    "backend",
+    "status",
+    "http_status",
+    "error",
+    "stream",
+    "capture",
+    "received_at",
+    "dispatched_at",
+    "first_token_at",
+    "finished_at",
+    "weight_version",
+    "finish_reason",
+    "usage",
+    "retry_count",
+    "retry_of",
+    "body_hash",
+    "prompt_tokens",
+    "completion_tokens",
+    "n_choices",
+    "digest",
+    "hash",
+]
+
+
+def _populate(url: str) -> tuple[str, str]:
+    async def run() -> tuple[str, str]:
+        store = await Store.connect(url)
+        old = await store.create_rollout(NewRollout(batch_id="b", task_id="old", meta={"k": 1}))
+        new = await store.create_rollout(NewRollout(batch_id="b", task_id="new", harness="h"))
+        await store.update_rollout(new.id, status="running")
+        await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6]))
+        await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 9], [7]))
+        refused = call(new.id, [], status=CallStatus.REJECTED, http_status=403)
+        refused.error = "budget spent"
+        await store.append_call(refused)
+        await store.update_rollout(new.id, status="succeeded", reward=1.0)
+        await store.close()
+        return old.id, new.id
+
+    return asyncio.run(run())
+
+
+def test_ls_json_is_one_object_per_rollout_newest_first(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.sqlite"
+    old, new = _populate(url)
+
+    result = CliRunner().invoke(cli, ["ls", "--json", "--db", url])
+
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [r["id"] for r in rows] == [new, old]
+    assert all(list(r) == ROLLOUT_FIELDS for r in rows)
+    first = rows[0]
+    assert (first["status"], first["reward"], first["n_calls"], first["harness"]) == (
+        "succeeded",
+        1.0,
+        3,
+        "h",
+    )
+    assert first["created_at"].endswith("+00:00")
+    assert first["head_seq"] == 3
+    assert len(first["head_hash"]) == 64
+    assert rows[1]["meta"] == {"k": 1}
+    assert rows[1]["head_hash"] is None
+
+
+def test_show_json_is_one_document_with_calls_integrity_and_segments(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.sqlite"
+    _, new = _populate(url)
+
+    result = CliRunner().invoke(cli, ["show", new, "--json", "--db", url])
+    text = CliRunner().invoke(cli, ["show", new, "--db", url])
+
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert list(doc) == ["rollout", "calls", "integrity", "faithfulness", "segments"]
+    assert list(doc["rollout"]) == ROLLOUT_FIELDS
+    assert [list(c) for c in doc["calls"]] == [CALL_FIELDS] * 3
+    assert [c["seq"] for c in doc["calls"]] == [1, 2, 3]
+    assert doc["calls"][-1]["hash"] == doc["rollout"]["head_hash"]
+    assert doc["integrity"]["ok"] is True
+    assert doc["integrity"]["refused"] == [
+        {"call_id": doc["calls"][2]["id"], "seq": 3, "http_status": 403, "error": "budget spent"}
+    ]
+    (segment,) = doc["segments"]
+    assert (segment["prompt_tokens"], segment["response_tokens"]) == (3, 5)
+    assert segment["call_ids"] == [c["id"] for c in doc["calls"][:2]]
+    assert doc["faithfulness"]["sampled_tokens"] == 4
+    # The terminal view says the same about the chain and the refused call.
+    assert "intact" in text.output
+    assert "refused  seq 3 (403) budget spent" in text.output

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+wc -l < data.txt > count.txt

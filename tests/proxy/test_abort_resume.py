@@ -62,6 +62,8 @@ async def _two_calls(store: Store, rollout_id: str) -> tuple[Any, Any]:
     assert second.finish_reason == "stop"
     assert second.resumes == first.id
     assert first.resumes is None
+    # The resume link is part of the hash chain: the stored record verifies with it.
+    assert (await store.verify_rollout(rollout_id)).issues == ()
     tokens = {c.id: await store.call_tokens(c.id) for c in (first, second)}
     one, two = tokens[first.id], tokens[second.id]
     partial = list(one.choices[0].token_ids)

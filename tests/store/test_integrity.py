@@ -102,6 +102,7 @@ async def test_the_digest_is_the_documented_encoding(store: Store) -> None:
         "prompt_tokens": 3,
         "completion_tokens": 2,
         "n_choices": 1,
+        "resumes": None,
     }
     choice = {
         "idx": 0,
@@ -174,6 +175,17 @@ async def test_an_altered_logprob_and_an_altered_field_are_caught(
     result = await store.verify_rollout(rollout_id)
 
     assert _kinds(result) == [(IssueKind.ALTERED, ids[0]), (IssueKind.ALTERED, ids[1])]
+
+
+async def test_a_forged_resume_link_is_caught(store: Store, db_url: str) -> None:
+    """`resumes` says which aborted answer a call continues; the trainer joins the two answers
+    on it, so pointing it elsewhere must break the digest like any other field."""
+    rollout_id, ids = await _agent_rollout(store)
+    await tamper(db_url, "UPDATE call SET resumes = :r WHERE id = :c", r=ids[0], c=ids[2])
+
+    result = await store.verify_rollout(rollout_id)
+
+    assert _kinds(result) == [(IssueKind.ALTERED, ids[2])]
 
 
 async def test_a_deleted_call_is_caught_and_named(store: Store, db_url: str) -> None:

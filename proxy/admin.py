@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from rolltap.proxy import replicated
 from rolltap.proxy.backends import parse_backend
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, NotFoundError, ProxyError, Unauthorized
@@ -238,6 +239,7 @@ async def add_backend(request: web.Request) -> web.Response:
         raise BadRequest(str(e), param="url") from None
     backend = ctx.pool.add(url, kind)
     await ctx.pool.check_all(ctx.client(), timeout=2.0)
+    await replicated.add_backend(ctx, f"{kind.value}={url}")
     return respond(_backend_json(backend), 201)
 
 
@@ -249,16 +251,20 @@ async def remove_backend(request: web.Request) -> web.Response:
     removed = ctx.pool.remove(url.rstrip("/").removesuffix("/v1"))
     if removed is None:
         raise NotFoundError(f"no backend {url!r}")
+    await replicated.remove_backend(ctx, removed.url)
     return respond(_backend_json(removed))
 
 
 async def pause(request: web.Request) -> web.Response:
-    """Hold new calls; with ?wait=SECONDS, answer once in-flight calls finished."""
+    """Hold new calls (on every replica); with ?wait=SECONDS, answer once in-flight calls
+    finished."""
     ctx = request.app[CONTEXT]
-    ctx.gate.pause()
     wait = request.query.get("wait")
-    drained = await ctx.gate.drained(float(wait)) if wait else ctx.gate.inflight == 0
-    return respond({"paused": True, "drained": drained, "inflight": ctx.gate.inflight})
+    try:
+        seconds = float(wait) if wait else None
+    except ValueError:
+        raise BadRequest("'wait' must be a number of seconds", param="wait") from None
+    return respond(await replicated.pause(ctx, seconds))
 
 
 async def resume(request: web.Request) -> web.Response:
@@ -267,7 +273,7 @@ async def resume(request: web.Request) -> web.Response:
     version = body.get("weight_version")
     if version is not None and not isinstance(version, str | int):
         raise BadRequest("'weight_version' must be a string", param="weight_version")
-    ctx.gate.resume(None if version is None else str(version))
+    await replicated.resume(ctx, None if version is None else str(version))
     return respond({"paused": False, "weight_version": ctx.gate.weight_version})
 
 

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import aiohttp
 from aiohttp import web
 
-from rolltap.proxy import admin, messages_render, responses_render, weights
+from rolltap.proxy import admin, messages_render, replicated, responses_render, weights
 from rolltap.proxy.backends import BackendPool, parse_backend
 from rolltap.proxy.chat import chat_completions
 from rolltap.proxy.context import CONTEXT, ProxyContext, ProxySettings
+from rolltap.proxy.control_bus import bus_for
 from rolltap.proxy.errors import UpstreamUnavailable
 from rolltap.proxy.gate import Gate
 from rolltap.proxy.handles import Handles
@@ -44,15 +45,17 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         CallDialect.MESSAGES: messages_render.recorded_turn,
     }
     handles = Handles(signing_key(settings.secret, store.db.url))
+    router = StickyRouter(pool)
     ctx = ProxyContext(
         settings=settings,
         store=store,
-        rollouts=Rollouts(store, open_mode=settings.open_mode),
+        rollouts=Rollouts(store, router=router, open_mode=settings.open_mode),
         pool=pool,
-        router=StickyRouter(pool),
+        router=router,
         gate=Gate(settings.weight_version),
         metrics=metrics,
         recall=Recall(handles, store, recorded),
+        bus=bus_for(store.db.url),
     )
     metrics.gauges.append(
         Gauge(
@@ -107,6 +110,7 @@ def make_app(
             extend(app, ctx)
         app.cleanup_ctx.append(_client_session)
         app.cleanup_ctx.append(_forgetting)
+        app.cleanup_ctx.append(_replicas)
     return app
 
 
@@ -131,6 +135,15 @@ async def _forgetting(app: web.Application) -> AsyncIterator[None]:
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
+
+
+async def _replicas(app: web.Application) -> AsyncIterator[None]:
+    ctx = app[CONTEXT]
+    await replicated.join(ctx)
+    try:
+        yield
+    finally:
+        await ctx.bus.stop()
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:

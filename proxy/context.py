@@ -10,6 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from rolltap.proxy.backends import BackendPool
+from rolltap.proxy.control_bus import ControlBus
 from rolltap.proxy.exchange import Exchange
 from rolltap.proxy.gate import Gate
 from rolltap.proxy.metrics import ProxyMetrics
@@ -69,6 +70,8 @@ class ProxyContext:
     metrics: ProxyMetrics
     recall: Recall
     """Earlier answers of each rollout, for restoring a harness's history (recall.py)."""
+    bus: ControlBus
+    """Tells the other replicas on the same PostgreSQL store (proxy/replicated.py)."""
     replay: Cassette | None = None
     """Set on a proxy that replays a recorded rollout (`rolltap replay`): its calls are
     answered from the record (rolltap.proxy.replay)."""

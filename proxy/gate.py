@@ -146,6 +146,31 @@ class Gate:
         """(version, epoch) of every version committed here, oldest first."""
         return sorted(self._epochs.items(), key=lambda item: item[1])
 
+    def snapshot(self) -> dict[str, object]:
+        """What another replica needs to hold the same gate (proxy/replicated.py)."""
+        return {
+            "paused": self.paused,
+            "update": None if self.update is None else self.update.mode.value,
+            "weight_version": self.weight_version,
+            "history": self.history(),
+        }
+
+    def adopt(self, snapshot: dict[str, object]) -> None:
+        """Take over another replica's gate: its versions and their order, and whether it holds
+        calls (a replica that joins during a weight update holds them too)."""
+        history = snapshot.get("history")
+        if isinstance(history, list):
+            for version, epoch in history:
+                self._epochs[str(version)] = int(epoch)
+            self.epoch = max([self.epoch, *self._epochs.values()])
+        version = snapshot.get("weight_version")
+        self.weight_version = None if version is None else str(version)
+        update = snapshot.get("update")
+        if isinstance(update, str):
+            self.update = WeightUpdate(UpdateMode(update), time.monotonic())
+        if snapshot.get("paused"):
+            self.pause()
+
     def _advance(self, weight_version: str) -> None:
         self.epoch += 1
         self._epochs[weight_version] = self.epoch

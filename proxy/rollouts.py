@@ -23,6 +23,7 @@ from aiohttp import web
 
 from rolltap.proxy.budget import Budget
 from rolltap.proxy.errors import Forbidden, Unauthorized
+from rolltap.proxy.routing import StickyRouter
 from rolltap.proxy.sampling import rollout_sampling
 from rolltap.store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
 from rolltap.store.ids import hash_key
@@ -72,9 +73,16 @@ def request_key(request: web.Request) -> str | None:
 
 class Rollouts:
     def __init__(
-        self, store: Store, *, open_mode: bool = False, ttl: float = 2.0, size: int = 100_000
+        self,
+        store: Store,
+        *,
+        router: StickyRouter | None = None,
+        open_mode: bool = False,
+        ttl: float = 2.0,
+        size: int = 100_000,
     ) -> None:
         self._store = store
+        self._router = router
         self._open_mode = open_mode
         self._ttl = ttl
         self._size = size
@@ -140,6 +148,10 @@ class Rollouts:
                 calls_before=view.n_calls,
                 sampling=rollout_sampling(view.meta),
             )
+            if view.n_calls and view.status not in FINAL_STATUSES and self._router is not None:
+                backend = await self._store.last_backend(view.id)
+                if backend is not None:
+                    self._router.prefer(view.id, backend)
         else:
             # Counters are kept here as calls finish; the store may lag behind them, and a read
             # that began before this process ended the rollout must not undo that.

@@ -5,6 +5,11 @@ rollout's point to the first healthy backend whose in-flight count is under
 ceil(c * (total in flight + 1) / healthy backends)), and then stays there while that backend is
 healthy, so an agent's turns keep hitting the engine that holds its prefix cache. A backend that
 fails or is removed only moves its own rollouts, each to its next point on the ring.
+
+The ring depends only on the backend URLs, so replicas of the proxy (proxy/replicated.py) route
+a rollout alike; the in-flight counts are each replica's own. A proxy that sees a rollout for the
+first time takes the backend of its latest recorded call (Rollouts.resolve calls `prefer`), so
+replicas agree from a rollout's first recorded call on, whatever their loads.
 """
 
 from __future__ import annotations
@@ -46,6 +51,13 @@ class StickyRouter:
         if len(self._assigned) > self._remember:
             self._assigned.popitem(last=False)
         return backend
+
+    def prefer(self, rollout_id: str, url: str) -> None:
+        """Keep a rollout this proxy has not routed yet on the backend its calls went to
+        (through another replica, or before this proxy restarted), while that one is healthy."""
+        backend = self._pool.get(url)
+        if rollout_id not in self._assigned and backend is not None and backend.healthy:
+            self._assigned[rollout_id] = url
 
     def assigned(self, rollout_id: str) -> str | None:
         return self._assigned.get(rollout_id)

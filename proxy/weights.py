@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rolltap.proxy import engine_control
+from rolltap.proxy import engine_control, replicated
 from rolltap.proxy.admin import read_object, respond
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, Conflict
@@ -76,12 +76,8 @@ async def begin(request: web.Request) -> web.Response:
         raise Conflict(str(e), code="update_in_progress") from None
     if lease is not None:
         asyncio.get_running_loop().call_later(lease, _expire, ctx, update)
-    aborted: list[dict[str, Any]] = []
-    if mode is UpdateMode.ABORT_RESUME:
-        results = await engine_control.abort_all(ctx.client(), ctx.pool.all())
-        aborted = [r.as_dict() for r in results]
-    drained = await ctx.gate.drained(timeout)
-    return respond({**weights_json(ctx), "drained": drained, "aborted": aborted})
+    began = await replicated.begin(ctx, mode, timeout)
+    return respond({**weights_json(ctx), **began})
 
 
 async def commit(request: web.Request) -> web.Response:
@@ -124,7 +120,7 @@ async def commit(request: web.Request) -> web.Response:
                 "code": "weight_load_failed",
             }
             return respond({"error": error, "backends": loaded}, status=502)
-    held = ctx.gate.commit(version)
+    held = await replicated.commit(ctx, version)
     return respond({**weights_json(ctx), "held_seconds": held, "backends": loaded})
 
 
@@ -132,7 +128,7 @@ async def cancel(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     if ctx.gate.update is None:
         raise Conflict("no weight update is under way", code="no_update")
-    held = ctx.gate.cancel()
+    held = await replicated.cancel(ctx)
     return respond({**weights_json(ctx), "held_seconds": held})
 
 
@@ -149,7 +145,7 @@ def _expire(ctx: ProxyContext, update: WeightUpdate) -> None:
     on, on the weights they had, rather than wait for ever."""
     if ctx.gate.update is update:
         log.warning("weight update not committed within its lease: cancelled")
-        ctx.gate.cancel()
+        replicated.spawn_cancel(ctx)
 
 
 def _seconds(value: object, name: str) -> float:

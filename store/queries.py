@@ -436,6 +436,16 @@ def chain_end(conn: Connection, rollout_id: str) -> tuple[int, str]:
     return int(row.seq), row.hash if row.hash is not None else GENESIS_HEX
 
 
+def last_backend(conn: Connection, rollout_id: str) -> str | None:
+    """The backend that served the rollout's latest call that reached one."""
+    return conn.execute(
+        select(C.c.backend)
+        .where(C.c.rollout_id == rollout_id, C.c.backend.is_not(None))
+        .order_by(C.c.seq.desc())
+        .limit(1)
+    ).scalar()
+
+
 def lock_rollout(conn: Connection, rollout_id: str) -> None:
     """Hold a rollout's row until the transaction ends (PostgreSQL; SQLite's writer holds the
     whole database already), so no other writer appends a call meanwhile."""

@@ -202,6 +202,9 @@ class Store:
     async def rollout_by_key(self, key: str) -> RolloutView | None:
         return await self.db.read(queries.rollout_by_key_hash, hash_key(key))
 
+    async def last_backend(self, rollout_id: str) -> str | None:
+        return await self.db.read(queries.last_backend, rollout_id)
+
     async def rollouts(
         self,
         *,

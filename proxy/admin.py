@@ -237,6 +237,7 @@ async def add_backend(request: web.Request) -> web.Response:
         url, kind = parse_backend(spec)
     except ValueError as e:
         raise BadRequest(str(e), param="url") from None
+    replicated.check_reach(ctx)
     backend = ctx.pool.add(url, kind)
     await ctx.pool.check_all(ctx.client(), timeout=2.0)
     await replicated.add_backend(ctx, f"{kind.value}={url}")
@@ -248,6 +249,7 @@ async def remove_backend(request: web.Request) -> web.Response:
     url = request.query.get("url") or (await read_object(request)).get("url")
     if not isinstance(url, str):
         raise BadRequest("give the backend's url", param="url")
+    replicated.check_reach(ctx)
     removed = ctx.pool.remove(url.rstrip("/").removesuffix("/v1"))
     if removed is None:
         raise NotFoundError(f"no backend {url!r}")

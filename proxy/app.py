@@ -72,6 +72,13 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         )
     )
     metrics.gauges.append(
+        Gauge(
+            "rolltap_replica",
+            "1, labelled with this process's replica id (each worker and replica has one).",
+            lambda: [((("replica", ctx.bus.replica_id),), 1)],
+        )
+    )
+    metrics.gauges.append(
         Gauge("rolltap_paused", "1 while calls are held.", lambda: [((), int(ctx.gate.paused))])
     )
     return ctx

@@ -53,6 +53,9 @@ class ProxySettings:
     idle_rollout_seconds: float = 600.0
     """A rollout that made no call for this long leaves the proxy's memory (it is read from the
     store again on its next call; finished rollouts leave at once)."""
+    workers: int = 1
+    """Processes serving this port together (`serve --workers`, proxy/workers.py): each binds it
+    with SO_REUSEPORT."""
     max_tokens_cap: int | None = None
     """The most tokens one call may generate: a larger or missing max_tokens is lowered to it in
     the request the engine gets, and the call is noted. Responses/Messages clients see an answer

@@ -29,7 +29,8 @@ from typing import Any
 from rolltap.proxy import engine_control
 from rolltap.proxy.backends import parse_backend
 from rolltap.proxy.context import ProxyContext
-from rolltap.proxy.control_bus import Order, Sent
+from rolltap.proxy.control_bus import Order, Sent, SoloBus
+from rolltap.proxy.errors import Conflict
 from rolltap.proxy.gate import UpdateInProgress, UpdateMode
 
 HELD_WITHIN = 10.0
@@ -48,8 +49,20 @@ async def join(ctx: ProxyContext) -> None:
             ctx.gate.adopt(next(iter(states.values())))
 
 
+def check_reach(ctx: ProxyContext) -> None:
+    """Refuse an order that could not reach the other workers of this port (SQLite)."""
+    if ctx.settings.workers > 1 and isinstance(ctx.bus, SoloBus):
+        raise Conflict(
+            f"this proxy is one of {ctx.settings.workers} workers on a SQLite store, which "
+            "cannot pass this order on to the others; run the workers on PostgreSQL, or one "
+            "worker",
+            code="workers_without_replication",
+        )
+
+
 async def pause(ctx: ProxyContext, wait: float | None) -> dict[str, Any]:
     """Hold new calls on every replica; with `wait`, until their calls in flight ended."""
+    check_reach(ctx)
     ctx.gate.pause()
     sent = await ctx.bus.publish("pause", {"wait": wait})
     held = await ctx.bus.replies(sent, "held", HELD_WITHIN)
@@ -68,6 +81,7 @@ async def pause(ctx: ProxyContext, wait: float | None) -> dict[str, Any]:
 
 
 async def resume(ctx: ProxyContext, version: str | None) -> None:
+    check_reach(ctx)
     ctx.gate.resume(version)
     await ctx.bus.publish("resume", {"version": version})
 

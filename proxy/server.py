@@ -43,7 +43,14 @@ async def start_proxy(
     # A client that hangs up cancels its handler, which aborts the engine request (relay.py).
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=4096, reuse_address=True)
+    site = web.TCPSite(
+        runner,
+        settings.host,
+        settings.port,
+        backlog=4096,
+        reuse_address=True,
+        reuse_port=settings.workers > 1 or None,
+    )
     await site.start()
     runners = [runner]
     port = runner.addresses[0][1] if runner.addresses else settings.port

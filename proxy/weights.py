@@ -70,6 +70,7 @@ async def begin(request: web.Request) -> web.Response:
     lease = body.get("lease")
     if lease is not None:
         lease = _seconds(lease, "lease")
+    replicated.check_reach(ctx)
     try:
         update = ctx.gate.begin(mode)
     except UpdateInProgress as e:

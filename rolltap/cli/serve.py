@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -13,8 +15,11 @@ from rolltap.cli.options import db_option
 from rolltap.proxy.admin import ExposedWithoutToken, check_exposure
 from rolltap.proxy.app import Extension
 from rolltap.proxy.context import ProxySettings
+from rolltap.proxy.secret import signing_key
 from rolltap.proxy.server import RunningProxy, serve_until_stopped
+from rolltap.proxy.workers import run_workers
 from rolltap.runner.sandboxes.identity import sandbox_user
+from rolltap.store import Store
 from rolltap.store.url import resolve_url
 
 
@@ -87,6 +92,15 @@ from rolltap.store.url import resolve_url
     type=click.Path(file_okay=False, path_type=Path),
     help="Task paths that batches name must lie under this directory.",
 )
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    envvar="ROLLTAP_WORKERS",
+    help="Proxy processes on this port (SO_REUSEPORT), each with its own event loop and store "
+    "writer. Pause and weight updates reach them all on PostgreSQL only.",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def serve(
     backends: tuple[str, ...],
@@ -107,6 +121,7 @@ def serve(
     runner_sandboxes: str,
     runner_concurrency: int,
     runner_tasks_root: Path | None,
+    workers: int,
     verbose: bool,
 ) -> None:
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
@@ -125,8 +140,16 @@ def serve(
         weight_version=weight_version,
         max_tokens_cap=max_tokens_cap,
         secret=secret,
+        workers=workers,
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
+    if workers > 1 and port == 0:
+        raise click.BadParameter("workers share one port: give --port", param_hint="--workers")
+    if workers > 1 and runner:
+        raise click.BadParameter(
+            "the rollout service runs in one process: use --workers 1 with --runner",
+            param_hint="--workers",
+        )
     try:
         check_exposure(host, admin_token)
     except ExposedWithoutToken as e:
@@ -156,8 +179,13 @@ def serve(
             click.echo("  --open: unknown keys create rollouts (local experiments only)")
         if runner:
             click.echo(f"  rollout service: {proxy.url}/v1/batches")
+        if workers > 1:
+            click.echo(f"  {workers} workers on port {port}")
 
-    _run(settings, db_url, ready, _builtin_engine(engine_model, device, engine_args), extensions)
+    engine = _builtin_engine(engine_model, device, engine_args)
+    if workers > 1:
+        sys.exit(_run_workers(settings, db_url, ready, engine))
+    _run(settings, db_url, ready, engine, extensions)
 
 
 def _builtin_engine(
@@ -177,11 +205,51 @@ def _builtin_engine(
     return start
 
 
-def _run(
+def _run_workers(
     settings: ProxySettings,
     db_url: str | None,
     ready: Callable[[RunningProxy], None],
     engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]],
+) -> int:
+    """What must happen once happens here, then the workers fork (proxy/workers.py)."""
+    stop_engine: Callable[[], Awaitable[None]] | None = None
+
+    async def prepare() -> None:
+        nonlocal stop_engine
+        store = await Store.connect(db_url)  # migrates once, not N times at once
+        try:
+            signing_key(settings.secret, store.db.url)  # one secret file, not a race of N
+        finally:
+            await store.close()
+        if not settings.backends:
+            url, stop_engine = await engine()
+            settings.backends = [url]
+
+    asyncio.run(prepare())
+
+    def worker(index: int) -> None:
+        mine = dataclasses.replace(
+            settings, unix_socket=settings.unix_socket if index == 0 else None
+        )
+        _run(mine, db_url, ready if index == 0 else lambda _: None, None)
+
+    try:
+        return run_workers(settings.workers, worker)
+    finally:
+        if stop_engine is not None:
+            stopping = stop_engine
+
+            async def stop() -> None:
+                await stopping()
+
+            asyncio.run(stop())
+
+
+def _run(
+    settings: ProxySettings,
+    db_url: str | None,
+    ready: Callable[[RunningProxy], None],
+    engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]] | None,
     extensions: Sequence[Extension] = (),
 ) -> None:
     if not extensions:

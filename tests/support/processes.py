@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +87,11 @@ def start_fake_engine(
     return _start("engine", args, port, workdir)
 
 
-def start_serve(workdir: Path, port: int, db_url: str, *backends: str) -> Child:
-    """`rolltap serve` on a store, in front of `backends`."""
-    args = ["-m", "rolltap.cli.main", "serve", "--db", db_url, "--port", str(port)]
+def start_serve(
+    workdir: Path, port: int, db_url: str, *backends: str, options: Sequence[str] = ()
+) -> Child:
+    """`rolltap serve` on a store, in front of `backends`, with more `options`."""
+    args = ["-m", "rolltap.cli.main", "serve", "--db", db_url, "--port", str(port), *options]
     for backend in backends:
         args += ["--backend", backend]
     return _start("proxy", args, port, workdir)

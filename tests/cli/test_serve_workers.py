@@ -1,0 +1,98 @@
+"""`rolltap serve --workers 2`: two processes on one port, both serving, every call recorded
+once, and orders that would reach one worker only refused on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from rolltap.cli.main import cli
+from rolltap.store import Store
+from tests.support.processes import free_port, start_serve
+from tests.support.proxy import fake_engine
+
+_CALLS = re.compile(r"^rolltap_calls_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+_REPLICA = re.compile(r'^rolltap_replica\{replica="([^"]+)"\} 1', re.M)
+
+
+async def _fresh(method: str, url: str, **kwargs: object) -> tuple[int, str]:
+    """One request on a connection of its own: the kernel picks the worker per connection."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.request(method, url, **kwargs) as resp,  # type: ignore[arg-type]
+    ):
+        return resp.status, await resp.text()
+
+
+async def test_two_workers_share_the_port_and_record_every_call_once(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    store = await Store.connect(db)
+    try:
+        rollouts = [await store.create_rollout() for _ in range(4)]
+        async with fake_engine() as engine:
+            port = free_port()
+            child = start_serve(tmp_path, port, db, engine.url, options=["--workers", "2"])
+            try:
+                await child.ready("/health")
+                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                answers = await asyncio.gather(
+                    *(
+                        _fresh("POST", f"{child.url}/r/{r.key}/v1/chat/completions", json=body)
+                        for r in rollouts
+                        for _ in range(10)
+                    )
+                )
+                assert [status for status, _ in answers] == [200] * 40
+
+                # Each worker counts its own calls; together they served all 40.
+                served: dict[str, float] = {}
+                for _ in range(100):
+                    _, text = await _fresh("GET", f"{child.url}/metrics")
+                    replica = _REPLICA.search(text)
+                    assert replica is not None
+                    served[replica.group(1)] = sum(float(n) for n in _CALLS.findall(text))
+                    if len(served) == 2:
+                        break
+                assert len(served) == 2, "one worker answered every connection"
+                assert all(n > 0 for n in served.values())
+                assert sum(served.values()) == 40
+
+                status, text = await _fresh("POST", f"{child.url}/admin/pause")
+                assert status == 409
+                assert "workers_without_replication" in text
+            finally:
+                workers = psutil.Process(child.popen.pid).children()
+                child.stop()
+            assert child.popen.returncode == 0, child.tail()
+            assert not [w for w in workers if w.is_running() and w.status() != "zombie"]
+            assert len(engine.fake.requests) == 40
+        for created in rollouts:
+            calls = await store.calls(created.id)
+            assert sorted(c.seq for c in calls) == list(range(1, 11))
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--port", "0"], "workers share one port: give --port"),
+        (["--runner"], "the rollout service runs in one process"),
+    ],
+)
+def test_workers_refuse_what_they_cannot_share(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    db = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    args = ["serve", "--db", db, "--backend", "http://127.0.0.1:9", "--workers", "2", *options]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output

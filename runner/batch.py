@@ -23,6 +23,7 @@ from typing import Any
 import platformdirs
 
 from rolltap.proxy.replay import Cassette
+from rolltap.runner.egress import BadEgressSetting, EgressGate, EgressSettings, egress_gate
 from rolltap.runner.harnesses import (
     Harness,
     Installation,
@@ -99,12 +100,14 @@ async def run_batch(
     progress: BatchProgress | None = None,
     meta: Mapping[str, Any] | None = None,
     replay: Cassette | None = None,
+    egress: EgressSettings | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> BatchResult:
     """Run (or resume) a batch and return its results and summary.
 
     `meta` goes into each new rollout's meta; `replay` answers the batch's calls from a
-    recorded rollout (runner/replay.py)."""
+    recorded rollout (runner/replay.py); `egress`: HTTP(S) out of the sandboxes through the
+    run's egress gate (runner/egress), recorded with each rollout."""
     loaded = list(tasks) if not isinstance(tasks, str | Path) else load_tasks(Path(tasks))
     if not loaded:
         raise ValueError("no tasks to run")
@@ -112,6 +115,8 @@ async def run_batch(
     if harness_from not in ("auto", "host", "image"):
         raise ValueError(f"harness_from={harness_from!r}: use auto, host or image")
     kind = sandbox if isinstance(sandbox, str) else sandbox.kind
+    if egress is not None and egress.enabled and kind == "local":
+        raise BadEgressSetting("--egress needs an isolated sandbox (bwrap, docker, apptainer)")
     builtin = isinstance(adapter_.packages, BuiltIn)
     # Docker runs the harness from harness_images/<name>/ built on the task's image.
     images = not builtin and (
@@ -144,6 +149,14 @@ async def run_batch(
                 say=say,
             )
         )
+        gate: EgressGate | None = None
+        if egress is not None and egress.enabled:
+            gate = await stack.enter_async_context(
+                egress_gate(
+                    egress, directory=host.socket.parent, proxy_socket=host.socket, store=store
+                )
+            )
+            say(f"egress: {egress.mode.value}, allow-list {', '.join(egress.allow) or '(empty)'}")
         source = tasks if isinstance(tasks, str | Path) else ",".join(t.id for t in loaded)
         batch_id = batch or default_batch_id(source, adapter_.name, host.model, kind, samples)
         todo, kept = await plan(
@@ -173,7 +186,10 @@ async def run_batch(
         await provider.sweep(batch_id)
         task_hashes = await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in loaded})
         installed_from = "builtin" if builtin else "image" if images else "host"
-        settings = {"model": host.model, "max_steps": max_steps, "timeout": timeout}
+        settings: dict[str, Any] = {"model": host.model, "max_steps": max_steps, "timeout": timeout}
+        if gate is not None:
+            allowed = list(gate.settings.allow)
+            settings["egress"] = {"mode": gate.settings.mode.value, "allow": allowed}
         progress.total = len(todo)
         progress.token_count = host.tokens_recorded
         shared = Shared(
@@ -198,6 +214,7 @@ async def run_batch(
             run_meta=harness_metadata(adapter_, installed_from, settings),
             task_hashes=task_hashes,
             revoke_key=host.revoke,
+            egress=gate,
         )
         started = time.monotonic()
         results = await asyncio.gather(*(run_rollout(shared, p) for p in todo))

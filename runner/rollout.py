@@ -22,10 +22,20 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
 from rolltap.runner import provenance
+from rolltap.runner.egress import EgressGate, EgressMode, sandbox_env
+from rolltap.runner.egress.settings import BUNDLE_NAME
 from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
 from rolltap.runner.harnesses.base import BuiltIn
 from rolltap.runner.plan import INFRA, Planned, supersede
-from rolltap.runner.sandboxes.base import Limits, Mount, Sandbox, SandboxProvider, SandboxSpec
+from rolltap.runner.sandboxes.base import (
+    INSIDE_PROXY_DIR,
+    EgressRoute,
+    Limits,
+    Mount,
+    Sandbox,
+    SandboxProvider,
+    SandboxSpec,
+)
 from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxError
 from rolltap.runner.sandboxes.provision import provision
 from rolltap.runner.tasks import Task
@@ -108,6 +118,8 @@ class Shared:
     revoke_key: Callable[[str], None] | None = None
     """Refuses a key at once in the batch's own proxy (ProxyHost.revoke). The revocation in the
     store reaches any other proxy on its next re-read of the rollout, within seconds."""
+    egress: EgressGate | None = None
+    """The run's egress gate (`--egress allowlist|intercept`); None: no way out but the proxy."""
 
 
 @runtime_checkable
@@ -149,6 +161,14 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
 
 
 async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
+    try:
+        return await _attempt_in(shared, planned)
+    finally:
+        # Whatever happened, this attempt's sandbox has no more way out (idempotent).
+        await _close_egress(shared, planned)
+
+
+async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
     task = planned.task
     logs = shared.logs_root / planned.rollout_id
     logs.mkdir(parents=True, exist_ok=True)
@@ -266,6 +286,7 @@ async def _end_run(shared: Shared, planned: Planned, box: Sandbox) -> None:
     no daemon of the agent's works past its time while the rollout waits for a verifier)."""
     if shared.revoke_key is not None:
         shared.revoke_key(planned.key)
+    await _close_egress(shared, planned)
     await shared.store.update_rollout(planned.rollout_id, key_revoked_at=datetime.now(UTC))
     try:
         await box.reap()
@@ -381,6 +402,7 @@ async def _spec(shared: Shared, planned: Planned) -> SandboxSpec:
         assert isinstance(shared.provider, BuildsHarnessImages)
         image = await shared.provider.harness_image(task, shared.harness.name, shared.image_context)
         mounts = ()
+    route, env = await _open_egress(shared, planned)
     return SandboxSpec(
         task=task,
         run_id=shared.run_id,
@@ -388,8 +410,31 @@ async def _spec(shared: Shared, planned: Planned) -> SandboxSpec:
         proxy_socket=shared.proxy_socket,
         mounts=mounts,
         image=image,
+        env=env,
         limits=Limits(memory_mb=task.environment.memory_mb, cpus=task.environment.cpus),
+        egress=route,
     )
+
+
+async def _open_egress(
+    shared: Shared, planned: Planned
+) -> tuple[EgressRoute | None, dict[str, str]]:
+    gate = shared.egress
+    if gate is None:
+        return None, {}
+    settings = gate.settings
+    route = await gate.admit(
+        planned.rollout_id,
+        planned.key,
+        settings.allow_for(planned.task),
+        intercept=settings.mode is EgressMode.INTERCEPT,
+    )
+    return route, sandbox_env(f"{INSIDE_PROXY_DIR}/{BUNDLE_NAME}", route.port)
+
+
+async def _close_egress(shared: Shared, planned: Planned) -> None:
+    if shared.egress is not None:
+        await shared.egress.revoke(planned.rollout_id)
 
 
 async def _record_run(shared: Shared, planned: Planned, spec: SandboxSpec) -> None:

@@ -71,7 +71,10 @@ class TaskEnvironment:
     cpus: float | None = None
     memory_mb: int | None = None
     allow_internet: bool = True
-    """Recorded as the task says (Harbor's default); rolltap's sandboxes reach only the proxy."""
+    """Harbor's default. Without `rolltap run --egress` sandboxes reach only the proxy; with it,
+    true means the run's allow-list (plus allowed_hosts), false means no host at all."""
+    allowed_hosts: tuple[str, ...] = ()
+    """rolltap's addition to [environment]: host patterns this task may reach with egress."""
     build_timeout_sec: float = DEFAULT_BUILD_TIMEOUT_SEC
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -230,9 +233,17 @@ def _environment(env_dir: Path, table: dict[str, Any], where: str) -> TaskEnviro
         cpus=float(cpus) if cpus is not None else None,
         memory_mb=memory,
         allow_internet=allow,
+        allowed_hosts=_host_list(table, where),
         build_timeout_sec=_timeout(table, where, DEFAULT_BUILD_TIMEOUT_SEC, "build_timeout_sec"),
         env=_str_map(table, "env", where),
     )
+
+
+def _host_list(table: dict[str, Any], where: str) -> tuple[str, ...]:
+    hosts = table.get("allowed_hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+        raise TaskFormatError(where, "allowed_hosts must be a list of host patterns")
+    return tuple(hosts)
 
 
 def _size_mb(value: Any, where: str) -> int:

@@ -1,5 +1,6 @@
 """The SQL store of rollouts, calls and their exact token ids (SQLite or PostgreSQL)."""
 
+from rolltap.store.egress import EgressRecord
 from rolltap.store.errors import (
     BadDatabaseURL,
     DatabaseUnavailable,
@@ -10,7 +11,7 @@ from rolltap.store.errors import (
     WriterClosed,
 )
 from rolltap.store.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
-from rolltap.store.models import CallDialect, CallStatus, Capture, RolloutStatus
+from rolltap.store.models import CallDialect, CallStatus, Capture, EgressVerdict, RolloutStatus
 from rolltap.store.reader import StoreReader, open
 from rolltap.store.records import (
     BatchView,
@@ -46,6 +47,8 @@ __all__ = [
     "CreatedRollout",
     "DatabaseURL",
     "DatabaseUnavailable",
+    "EgressRecord",
+    "EgressVerdict",
     "InvalidTokens",
     "Issue",
     "IssueKind",

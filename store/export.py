@@ -248,7 +248,8 @@ async def rollout_document(
     store: Store, rollout_id: str, *, detokenizer: Detokenizer | None = None
 ) -> dict[str, Any]:
     """Everything `rolltap show` prints, as JSON values (`rolltap show --json`): the rollout, its
-    calls, its integrity, and its segments (without token arrays) with their faithfulness."""
+    calls, its integrity, its segments (without token arrays) with their faithfulness, and its
+    egress requests."""
     view = await store.rollout(rollout_id)
     calls = await store.calls(rollout_id)
     document: dict[str, Any] = {
@@ -257,6 +258,7 @@ async def rollout_document(
         "integrity": (await store.verify_rollout(rollout_id)).as_dict(),
         "faithfulness": None,
         "segments": [],
+        "egress": [e.as_dict() for e in await store.egress(rollout_id)],
     }
     if calls:
         built = await store.rollout_trajectories(rollout_id, detokenizer=detokenizer)

@@ -329,5 +329,38 @@ class RolloutFaithfulness(Base):
     __table_args__ = (Index(None, "share"),)
 
 
+class EgressVerdict(enum.StrEnum):
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    INTERCEPTED = "intercepted"
+    """An LLM API host's call, routed into the rollout's proxy endpoint (recorded as a call)."""
+
+
+class EgressRequest(Base):
+    """One request a sandbox sent out through the run's egress gate (runner/egress)."""
+
+    __tablename__ = "egress_request"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollout.id", ondelete="CASCADE"))
+    at: Mapped[datetime]
+    """When the gate received the request's headers."""
+    method: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(255))
+    path: Mapped[str] = mapped_column(Text)
+    status: Mapped[int | None] = mapped_column(Integer)
+    """The HTTP status the sandbox got; None when no response came (the upstream failed)."""
+    request_bytes: Mapped[int] = mapped_column(Integer)
+    response_bytes: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint(_in("verdict", EgressVerdict), name="verdict"),
+        Index(None, "rollout_id", "at"),
+    )
+
+
 segment_break_table = cast(Table, SegmentBreak.__table__)
+egress_request_table = cast(Table, EgressRequest.__table__)
 rollout_faithfulness_table = cast(Table, RolloutFaithfulness.__table__)

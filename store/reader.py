@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from rolltap.store.analysis import LoopThread
 from rolltap.store.drift import Detokenizer
+from rolltap.store.egress import EgressRecord
 from rolltap.store.integrity import RolloutIntegrity
 from rolltap.store.records import (
     BatchView,
@@ -106,6 +107,9 @@ class StoreReader:
 
     def call(self, call_id: str) -> CallView:
         return self.run(self._store.call(call_id))
+
+    def egress(self, rollout_id: str) -> list[EgressRecord]:
+        return self.run(self._store.egress(rollout_id))
 
     def call_tokens(self, call_id: str) -> CallTokens:
         return self.run(self._store.call_tokens(call_id))

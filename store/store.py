@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import integrity, migrate, queries, trajectory
+from rolltap.store import egress, integrity, migrate, queries, trajectory
 from rolltap.store.analysis import AnalysisThread
 from rolltap.store.database import Database, open_database, unavailable
 from rolltap.store.drift import Detokenizer
@@ -189,6 +189,13 @@ class Store:
         result: CallReceipt = await self._writes().submit(AppendCall(_validated(record)))
         return result
 
+    async def record_egress(self, records: Sequence[egress.EgressRecord]) -> None:
+        """Store what rollouts' sandboxes sent through the egress gate; durable on return."""
+        if records:
+            await self._writes().submit(
+                Apply(functools.partial(egress.insert_records, records=list(records)))
+            )
+
     def forget(self, rollout_id: str) -> None:
         """Release the writer's cached state of a rollout that will get no more calls."""
         if self._writer is not None:
@@ -249,6 +256,10 @@ class Store:
 
     async def calls(self, rollout_id: str) -> list[CallView]:
         return await self.db.read(queries.calls, rollout_id)
+
+    async def egress(self, rollout_id: str) -> list[egress.EgressRecord]:
+        """The rollout's egress requests, oldest first (empty without egress)."""
+        return await self.db.read(egress.records_of, rollout_id)
 
     async def call(self, call_id: str) -> CallView:
         return await self.db.read(queries.call, call_id)

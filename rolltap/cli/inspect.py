@@ -14,7 +14,7 @@ from rich.table import Table
 from rolltap.cli.audit import render as render_integrity
 from rolltap.cli.options import db_option
 from rolltap.cli.trajectory_view import render_segments, tokenizer_option
-from rolltap.store import CallView, RolloutView, StoreReader
+from rolltap.store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
 from rolltap.store import open as open_store
 from rolltap.store.detokenizer import HFDetokenizer
 from rolltap.store.export import rollout_document
@@ -84,10 +84,39 @@ def show(db_url: str | None, rollout_id: str, tokenizer: Path | None, as_json: b
         _render(console, store, rollout, calls)
         # Its hash chain, and the calls the proxy refused (budget, finished, revoked, malformed).
         render_integrity(console, store.verify_rollout(rollout_id))
+        _render_egress(console, store.egress(rollout_id))
         if calls:
             render_segments(
                 console, store.rollout_trajectories(rollout_id, detokenizer=detokenizer)
             )
+
+
+def _render_egress(console: Console, records: list[EgressRecord]) -> None:
+    """What the sandbox sent out through the egress gate (nothing without `--egress`)."""
+    if not records:
+        return
+    denied = sum(r.verdict is EgressVerdict.DENIED for r in records)
+    console.print(f"[bold]egress[/bold]  {len(records)} requests, {denied} denied")
+    table = Table(box=None, header_style="bold")
+    for column in ("time", "verdict", "http", "method", "host", "path", "sent", "got", "reason"):
+        table.add_column(column, overflow="fold")
+    colour = {EgressVerdict.DENIED: "red", EgressVerdict.INTERCEPTED: "cyan"}
+    for r in records:
+        verdict = r.verdict.value
+        if r.verdict in colour:
+            verdict = f"[{colour[r.verdict]}]{verdict}[/{colour[r.verdict]}]"
+        table.add_row(
+            r.at.strftime("%H:%M:%S.%f")[:-3],
+            verdict,
+            str(r.status or "-"),
+            r.method,
+            r.host,
+            r.path[:60],
+            str(r.request_bytes),
+            str(r.response_bytes),
+            "" if r.verdict is EgressVerdict.ALLOWED else r.reason[:80],
+        )
+    console.print(table)
 
 
 def _render(console: Console, store: StoreReader, r: RolloutView, calls: list[CallView]) -> None:

@@ -7,6 +7,7 @@ import click
 from rolltap import __version__
 from rolltap.cli.audit import audit
 from rolltap.cli.db import db
+from rolltap.cli.egress import egress
 from rolltap.cli.export import export
 from rolltap.cli.harness import harness
 from rolltap.cli.inspect import ls, show
@@ -16,13 +17,21 @@ from rolltap.cli.run import demo, run
 from rolltap.cli.serve import serve
 from rolltap.cli.ui import ui
 from rolltap.engine.errors import EngineStartError
+from rolltap.runner.egress.errors import EgressError
 from rolltap.runner.harnesses.errors import HarnessError
 from rolltap.runner.sandboxes.errors import SandboxUnavailable
 from rolltap.runner.tasks import TaskFormatError
 from rolltap.store.errors import StoreError
 
 # Errors that are the user's to fix (a URL, a server, an install, a task file): one line each.
-_USER_ERRORS = (StoreError, EngineStartError, HarnessError, SandboxUnavailable, TaskFormatError)
+_USER_ERRORS = (
+    StoreError,
+    EngineStartError,
+    HarnessError,
+    SandboxUnavailable,
+    TaskFormatError,
+    EgressError,
+)
 
 
 class _Group(click.Group):
@@ -40,6 +49,7 @@ def cli() -> None:
 
 
 cli.add_command(db)
+cli.add_command(egress)
 cli.add_command(ls)
 cli.add_command(show)
 cli.add_command(model)

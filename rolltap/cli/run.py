@@ -81,6 +81,27 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     help="image: harness_images/NAME/Dockerfile built on the task image (docker's "
     "default); host: the `rolltap harness install` prefix, mounted read-only.",
 )
+@click.option(
+    "--egress",
+    default="none",
+    show_default=True,
+    type=click.Choice(["none", "allowlist", "intercept"]),
+    help="none: sandboxes reach only the proxy. allowlist: also HTTP(S) to allowed hosts "
+    "(recorded; `rolltap egress install` first). intercept: allowlist, and LLM API hosts "
+    "(api.openai.com, api.anthropic.com) captured into the rollout.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="PATTERN",
+    help="A host tasks with allow_internet may reach with --egress (pypi.org, *.example.org).",
+)
+@click.option(
+    "--egress-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML: allow, intercept_hosts, upstream_ca, [resolve] (README, Egress).",
+)
 @db_option
 def run(
     tasks: Path,
@@ -101,9 +122,15 @@ def run(
     engine_model: str | None,
     sandbox_image: str | None,
     harness_from: str,
+    egress: str,
+    allow_hosts: tuple[str, ...],
+    egress_config: Path | None,
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
+    from rolltap.runner.egress import load_settings
+
+    egress_settings = load_settings(egress, allow_hosts, egress_config)
     console = Console()
     progress = BatchProgress()
     result = _with_progress(
@@ -129,6 +156,7 @@ def run(
             engine_model=engine_model,
             sandbox_image=sandbox_image,
             harness_from=harness_from,
+            egress=egress_settings,
             progress=progress,
             say=say,
         ),

@@ -23,6 +23,7 @@ __all__ = [
     "LOG_DIRS",
     "PROXY_PORT",
     "Command",
+    "EgressRoute",
     "ExecResult",
     "Limits",
     "Mount",
@@ -33,6 +34,7 @@ __all__ = [
 
 # Uncommon on purpose: tasks start their own servers on 8000/8080/5000 inside the sandbox.
 PROXY_PORT = 43111
+EGRESS_PORT = 43112
 LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 INSIDE_FORWARDER = "/run/rolltap/forwarder.py"
 INSIDE_PROXY_DIR = "/run/rolltap/proxy"
@@ -56,6 +58,21 @@ class Mount:
     host_path: Path
     inside_path: str
     read_only: bool = True
+
+
+@dataclass(frozen=True)
+class EgressRoute:
+    """The way to the run's egress gate (runner/egress): a unix socket in the proxy socket's
+    directory, served inside on 127.0.0.1:port by the same forwarder, each connection opened
+    with the rollout's token."""
+
+    socket: Path
+    token: str
+    port: int = EGRESS_PORT
+
+    @property
+    def inside_socket(self) -> str:
+        return f"{INSIDE_PROXY_DIR}/{self.socket.name}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,8 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     """Set for every command in the sandbox; exec's own env wins."""
     limits: Limits = field(default_factory=Limits)
+    egress: EgressRoute | None = None
+    """HTTP(S) out through the egress gate; its socket must sit beside proxy_socket."""
 
     @property
     def proxy_url(self) -> str | None:

@@ -71,6 +71,7 @@ from rolltap.runner.sandboxes.errors import (
     SandboxUnavailable,
 )
 from rolltap.runner.sandboxes.workspace import HOME, label, normalize
+from rolltap.runner.sandboxes.wrapped import egress_args
 from rolltap.runner.tasks import Task
 
 T = TypeVar("T")
@@ -85,16 +86,20 @@ DEFAULT_PIDS_LIMIT = 4096
 # How often a running command is checked for "exited, but a leftover holds its output open".
 EXIT_POLL_SEC = 2.0
 
-# $1 workdir, $2 port, $3 proxy socket inside (or empty), $4 ttl seconds. The forwarder prints
-# its port on stdout once bound: the container log is how create() learns the sandbox is ready.
+# $1 workdir, $2 port, $3 proxy socket inside (or empty), $4 ttl seconds, then the forwarder's
+# egress options. The forwarder prints its port on stdout once bound: the container log is how
+# create() learns the sandbox is ready.
 _INIT = """
 mkdir -p "$1" {log_dirs} || exit 1
-if [ -n "$3" ]; then
-  python3 -I -S {forwarder} --listen "127.0.0.1:$2" --unix "$3" --ready-file /dev/stdout &
+port=$2 unix=$3 ttl=$4
+shift 4
+if [ -n "$unix" ]; then
+  python3 -I -S {forwarder} --listen "127.0.0.1:$port" --unix "$unix" "$@" \\
+    --ready-file /dev/stdout &
 else
   echo ready
 fi
-exec sleep "$4"
+exec sleep "$ttl"
 """.format(log_dirs=" ".join(LOG_DIRS), forwarder=INSIDE_FORWARDER)
 
 # $0 an absolute path. Replaces it with an empty directory: a link planted on the way is removed
@@ -451,7 +456,10 @@ class DockerProvider:
         created = self.raw.create_container(
             image,
             entrypoint=["/bin/sh", "-c", _INIT, "rolltap-init"],
-            command=[spec.task.workdir, str(spec.proxy_port), unix, str(self._ttl_sec)],
+            command=[
+                *(spec.task.workdir, str(spec.proxy_port), unix, str(self._ttl_sec)),
+                *egress_args(spec),
+            ],
             user="0:0",
             working_dir=spec.task.workdir,
             environment=dict(spec.env),

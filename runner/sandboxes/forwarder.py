@@ -1,7 +1,11 @@
 """Pipes loopback TCP connections inside a sandbox to the proxy's unix socket (stdlib only).
 
     python3 -I -S forwarder.py --listen 127.0.0.1:PORT --unix SOCKET [--ready-file F]
-        [--connect-timeout SEC] [-- CMD...]
+        [--connect-timeout SEC] [--egress 127.0.0.1:PORT2 --egress-unix SOCKET2
+        --egress-token TOKEN] [-- CMD...]
+
+With --egress, a second loopback port is piped to the egress gate's socket (runner/egress),
+each connection opened with `ROLLTAP-EGRESS TOKEN`: the gate's only way to tell sandboxes apart.
 
 The listening socket is bound before anything else, so a client never races the server. With
 CMD, this process becomes CMD (keeping its pid, stdio and exit status) and a child process
@@ -20,8 +24,10 @@ BACKLOG = 4096
 CONNECT_TIMEOUT_SEC = 10.0
 USAGE = (
     "usage: forwarder.py --listen HOST:PORT --unix SOCKET [--ready-file F]"
-    " [--connect-timeout SEC] [-- CMD...]"
+    " [--connect-timeout SEC] [--egress HOST:PORT --egress-unix SOCKET --egress-token T]"
+    " [-- CMD...]"
 )
+EGRESS_PREAMBLE = b"ROLLTAP-EGRESS "
 
 
 class Options:
@@ -38,28 +44,43 @@ class Options:
         self.unix_path = opts["--unix"]
         self.ready_file = opts.get("--ready-file")
         self.connect_timeout = float(opts.get("--connect-timeout", CONNECT_TIMEOUT_SEC))
+        self.egress: tuple[str, int, str, str] | None = None
+        if "--egress" in opts:
+            if "--egress-unix" not in opts or "--egress-token" not in opts:
+                raise SystemExit(USAGE)
+            e_host, _, e_port = opts["--egress"].rpartition(":")
+            self.egress = (e_host, int(e_port), opts["--egress-unix"], opts["--egress-token"])
 
 
-def start(argv: list[str]) -> tuple[_socket.socket, Options, int]:
-    """Binds, then with a command forks and execs it: returns (in the serving process only) the
-    listening socket, the options and the pid whose exit ends the serving."""
-    options = Options(argv)
+def _listen(host: str, port: int) -> _socket.socket:
     sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-    sock.bind((options.host, options.port))
+    sock.bind((host, port))
     sock.listen(BACKLOG)
+    return sock
+
+
+def start(argv: list[str]) -> tuple[list[_socket.socket], Options, int]:
+    """Binds, then with a command forks and execs it: returns (in the serving process only) the
+    listening sockets (the proxy's, then the egress one), the options and the pid whose exit
+    ends the serving."""
+    options = Options(argv)
+    socks = [_listen(options.host, options.port)]
+    if options.egress is not None:
+        socks.append(_listen(options.egress[0], options.egress[1]))
     if options.ready_file:
         with open(options.ready_file, "w") as f:
             f.write(f"{options.port}\n")
     parent = os.getpid()
     if not options.command:
-        return sock, options, os.getppid()
+        return socks, options, os.getppid()
     if os.fork() == 0:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        return sock, options, parent
-    sock.close()
+        return socks, options, parent
+    for sock in socks:
+        sock.close()
     try:
         os.execvp(options.command[0], options.command)
     except OSError as e:
@@ -77,12 +98,16 @@ import socket  # noqa: E402
 
 
 async def serve(
-    sock: socket.socket, unix_path: str, connect_timeout: float = CONNECT_TIMEOUT_SEC
+    sock: socket.socket,
+    unix_path: str,
+    connect_timeout: float = CONNECT_TIMEOUT_SEC,
+    preamble: bytes = b"",
 ) -> None:
-    """Serves connections on an already listening socket until cancelled."""
+    """Serves connections on an already listening socket until cancelled; `preamble` is sent
+    first on each connection to the unix socket."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await pipe_to_unix(reader, writer, unix_path, connect_timeout)
+        await pipe_to_unix(reader, writer, unix_path, connect_timeout, preamble)
 
     server = await asyncio.start_server(handle, sock=sock)
     async with server:
@@ -94,12 +119,15 @@ async def pipe_to_unix(
     client_writer: asyncio.StreamWriter,
     unix_path: str,
     connect_timeout: float = CONNECT_TIMEOUT_SEC,
+    preamble: bytes = b"",
 ) -> None:
     try:
         up_reader, up_writer = await _connect(unix_path, connect_timeout)
     except OSError:
         client_writer.close()
         return
+    if preamble:
+        up_writer.write(preamble)
     try:
         await asyncio.gather(_copy(client_reader, up_writer), _copy(up_reader, client_writer))
     finally:
@@ -147,13 +175,17 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-async def _serve_while_alive(sock: socket.socket, options: Options, watched: int) -> None:
-    server = asyncio.ensure_future(serve(sock, options.unix_path, options.connect_timeout))
+async def _serve_while_alive(socks: list[socket.socket], options: Options, watched: int) -> None:
+    servers = [serve(socks[0], options.unix_path, options.connect_timeout)]
+    if options.egress is not None:
+        preamble = EGRESS_PREAMBLE + options.egress[3].encode() + b"\n"
+        servers.append(serve(socks[1], options.egress[2], options.connect_timeout, preamble))
+    server = asyncio.ensure_future(asyncio.gather(*servers))
     while os.getppid() == watched and not server.done():
         await asyncio.sleep(0.5)
     server.cancel()
 
 
 if __name__ == "__main__":
-    listening = socket.socket(fileno=LISTENING.detach())
+    listening = [socket.socket(fileno=s.detach()) for s in LISTENING]
     asyncio.run(_serve_while_alive(listening, OPTIONS, WATCHED))

@@ -160,4 +160,18 @@ def forwarder_argv(spec: SandboxSpec) -> list[str]:
         return []
     listen = f"127.0.0.1:{spec.proxy_port}"
     unix = f"{INSIDE_PROXY_DIR}/{spec.proxy_socket.name}"
-    return ["python3", "-I", "-S", INSIDE_FORWARDER, "--listen", listen, "--unix", unix, "--"]
+    argv = ["python3", "-I", "-S", INSIDE_FORWARDER, "--listen", listen, "--unix", unix]
+    return [*argv, *egress_args(spec), "--"]
+
+
+def egress_args(spec: SandboxSpec) -> list[str]:
+    """The forwarder's options for the egress route (none without one)."""
+    route = spec.egress
+    if route is None:
+        return []
+    if spec.proxy_socket is None or route.socket.parent != spec.proxy_socket.parent:
+        raise SandboxStartError("the egress socket must sit beside the proxy socket")
+    return [
+        *("--egress", f"127.0.0.1:{route.port}", "--egress-unix", route.inside_socket),
+        *("--egress-token", route.token),
+    ]

@@ -8,7 +8,6 @@ sends ~10k tokens), and a longer one takes minutes on a CPU (README, Egress)."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -46,6 +45,8 @@ class DefaultHost:
     """The real adapter's launch, minus every base URL: the harness uses its vendor's host."""
 
     inner: Harness
+    native_codex: bool = False
+    """Run Codex's static binary instead of its Node launcher (an image without node)."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
@@ -63,6 +64,10 @@ class DefaultHost:
             (config,) = (p for p in files if p.name == "config.toml")
             files[config] = "\n".join([f'model = "{ctx.model}"', *_features(files[config])])
             env["CODEX_API_KEY"] = FOREIGN_KEY
+            if self.native_codex:
+                prefix = Path(str(installation.prefix))
+                (binary,) = prefix.glob("node_modules/@openai/codex-linux-*/vendor/*/bin/codex")
+                launch = replace(launch, argv=(str(binary), *launch.argv[1:]))
         assert ctx.key not in str(env), "the rollout's key would reach the harness"
         return replace(launch, env=env, files=files)
 
@@ -76,9 +81,10 @@ def _features(config: str) -> list[str]:
     return lines[lines.index("[features]") :]
 
 
+@pytest.mark.parametrize("kind", ["bwrap", "docker"])
 @pytest.mark.parametrize("name", ["codex", "claude-code"])
 async def test_a_harness_on_its_default_host_is_captured_into_the_rollout(
-    name: str, store: Store, tmp_path: Path
+    name: str, kind: str, store: Store, tmp_path: Path
 ) -> None:
     require_gate()
     harness = adapter(name)
@@ -86,15 +92,13 @@ async def test_a_harness_on_its_default_host_is_captured_into_the_rollout(
         installed = installation(harness)
     except NotInstalled:
         pytest.skip(f"{name} is not installed: run `rolltap harness install {name}`")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bwrap is not installed: run .ci/setup-bwrap")
     hello = next(t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file")
 
     fake = FakeVLLM(script=agent_script(EPISODES[name]))
-    async with fake_engine(fake) as engine, provider_of("bwrap", tmp_path / "boxes") as provider:
+    async with fake_engine(fake) as engine, provider_of(kind, tmp_path / "boxes") as provider:
         result = await run_batch(
             [hello],
-            harness=DefaultHost(harness),  # type: ignore[arg-type]
+            harness=DefaultHost(harness, native_codex=kind == "docker"),  # type: ignore[arg-type]
             installed=installed,
             harness_from="host",
             sandbox=provider,

@@ -60,6 +60,7 @@ async def rollout_page(request: web.Request) -> web.Response:
         drift_counts=sorted(analysis.built.faithfulness.breaks.items()),
         unassembled=analysis.failure,
         replay=await ctx.store.replay_report(view.id),
+        egress=await ctx.store.egress(view.id),
     )
 
 

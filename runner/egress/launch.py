@@ -33,6 +33,7 @@ SOCKET_NAME = "egress.sock"
 SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 FLUSH_EVERY = 0.2
 START_TIMEOUT = 60.0
+ACK_TIMEOUT = 10.0
 
 
 class EgressGate:
@@ -70,8 +71,10 @@ class EgressGate:
     async def revoke(self, rollout_id: str) -> None:
         """New connections of the rollout's sandbox are refused (its harness has ended)."""
         token = self._tokens.pop(rollout_id, None)
-        if token is not None and self._process.returncode is None:
-            await self._send("removed", token, {"op": "remove", "token": token})
+        if token is not None:
+            # A gate that is gone lets nobody through any more: nothing left to revoke.
+            with contextlib.suppress(EgressUnavailable):
+                await self._send("removed", token, {"op": "remove", "token": token})
 
     def take_records(self) -> list[EgressRecord]:
         taken, self._pending = self._pending, []
@@ -80,11 +83,18 @@ class EgressGate:
     async def _send(self, event: str, token: str, message: dict[str, Any]) -> None:
         stdin = self._process.stdin
         assert stdin is not None
+        if self._reader is None or self._reader.done():
+            status = self._process.returncode
+            raise EgressUnavailable(f"the egress gate has exited (status {status})")
         done = asyncio.get_running_loop().create_future()
         self._acks[(event, token)] = done
-        stdin.write(json.dumps(message).encode() + b"\n")
-        await stdin.drain()
-        await asyncio.wait_for(done, 10)
+        try:
+            stdin.write(json.dumps(message).encode() + b"\n")
+            await stdin.drain()
+            await asyncio.wait_for(done, ACK_TIMEOUT)
+        except (OSError, TimeoutError) as e:
+            self._acks.pop((event, token), None)
+            raise EgressUnavailable(f"the egress gate does not answer: {e!r}") from e
 
     async def _read(self) -> None:
         stdout = self._process.stdout
@@ -98,8 +108,13 @@ class EgressGate:
                 self._ready.set_result(str(message["ca_cert"]))
             elif (event, message.get("token")) in self._acks:
                 self._acks.pop((event, message["token"])).set_result(None)
+        gone = EgressUnavailable("the egress gate has exited")
         if not self._ready.done():
-            self._ready.set_exception(EgressUnavailable("the egress gate exited at start"))
+            self._ready.set_exception(gone)
+        for waiting in self._acks.values():
+            if not waiting.done():
+                waiting.set_exception(gone)
+        self._acks.clear()
 
 
 @contextlib.asynccontextmanager

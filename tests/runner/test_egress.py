@@ -15,7 +15,14 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.runner import run_batch
-from rolltap.runner.egress import EgressGate, EgressMode, EgressSettings, egress_gate, sandbox_env
+from rolltap.runner.egress import (
+    EgressGate,
+    EgressMode,
+    EgressSettings,
+    EgressUnavailable,
+    egress_gate,
+    sandbox_env,
+)
 from rolltap.runner.egress.settings import BUNDLE_NAME
 from rolltap.runner.sandboxes.base import INSIDE_PROXY_DIR, Sandbox
 from rolltap.runner.tasks import load_tasks
@@ -147,6 +154,17 @@ async def test_allowed_host_passes_denied_host_is_refused_and_both_are_recorded(
     assert (denied.verdict, denied.status) == (EgressVerdict.DENIED, 403)
     assert "allow-list" in denied.reason
     assert len(records) == 3, records  # the revoked sandbox's attempts never reached mitmproxy
+
+
+async def test_a_gate_that_died_is_a_clear_error_and_the_run_still_closes(rig: Rig) -> None:
+    process = rig.gate._process
+    process.kill()
+    await process.wait()
+    with pytest.raises(EgressUnavailable, match="the egress gate"):
+        for _ in range(50):  # until its reader saw the end of its output
+            await rig.gate.admit(rig.rollout_id, rig.key, (), intercept=False)
+            await asyncio.sleep(0.05)
+    await rig.gate.revoke(rig.rollout_id)  # nothing to revoke: no error either
 
 
 async def _records(rig: Rig) -> list[EgressRecord]:

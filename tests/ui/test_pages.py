@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,8 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.proxy.admin import ExposedWithoutToken
-from rolltap.store import NewRollout, Store
+from rolltap.store import EgressRecord, EgressVerdict, NewRollout, Store
+from rolltap.store.ids import new_id
 from rolltap.store.replay import (
     REPLAY_OF,
     REPLAYS,
@@ -353,3 +355,36 @@ async def test_a_replay_report_is_on_both_rollout_pages(
     assert f'href="/rollouts/{original}#call-2"' in replay_page
     assert f"latest replay {replay}" in original_page
     assert "message 3 (tool) changed" in original_page
+
+
+async def test_the_rollout_page_lists_its_egress_requests(
+    tmp_path: Any, aiohttp_client: ClientMaker
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    now = datetime.now(UTC)
+    async with await Store.connect(url) as store:
+        quiet = (await store.create_rollout(NewRollout(task_id="offline"))).id
+        rollout = (await store.create_rollout(NewRollout(task_id="online"))).id
+        await store.record_egress(
+            [
+                EgressRecord(
+                    new_id(), rollout, now, "GET", "pypi.org", "/simple/numpy/", 200, 0, 4096,
+                    EgressVerdict.ALLOWED, "on the allow-list",
+                ),
+                EgressRecord(
+                    new_id(), rollout, now, "GET", "github.com", f"/{HOSTILE}", 403, 0, 80,
+                    EgressVerdict.DENIED, "github.com is not on this rollout's allow-list",
+                ),
+            ]
+        )  # fmt: skip
+    async with await Store.connect(url, read_only=True) as store:
+        client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
+        page = await _page(client, f"/rollouts/{rollout}")
+        without = await _page(client, f"/rollouts/{quiet}")
+    text = _text(page)
+
+    assert "Egress · 2 requests · 1 denied" in text
+    assert "github.com is not on this rollout's allow-list" in text
+    assert "pypi.org" in text
+    assert HOSTILE not in page  # a path the agent chose stays text
+    assert 'id="egress"' not in without

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -153,7 +155,7 @@ class Gate:
         peer = flow.client_conn.peername
         return self.by_port.get(peer[1]) if peer else None
 
-    def requestheaders(self, flow: Any) -> None:
+    async def requestheaders(self, flow: Any) -> None:
         from mitmproxy import http
 
         granted = self.owner(flow)
@@ -169,6 +171,11 @@ class Gate:
                 intercept=self.intercept_hosts,
                 intercepting=granted.intercept,
             )
+            mapped = rules.normalize_host(flow.request.host) in self.resolve
+            if decision.verdict == rules.ALLOWED and not mapped:
+                _, why = await self.vet(flow.request.host, flow.request.port)
+                if why is not None:
+                    decision = rules.Decision(rules.DENIED, why)
         flow.metadata["rolltap_pass"] = granted
         flow.metadata["rolltap_decision"] = decision
         if decision.verdict == rules.DENIED:
@@ -201,10 +208,40 @@ class Gate:
     def error(self, flow: Any) -> None:
         self._report(flow, flow.response.status_code if flow.response else None, flow.error.msg)
 
-    def server_connect(self, data: Any) -> None:
+    async def server_connect(self, data: Any) -> None:
+        """The connection goes to the address vetted here, not to what a second lookup (DNS
+        rebinding) might say."""
         address = data.server.address
-        if address is not None and rules.normalize_host(address[0]) in self.resolve:
-            data.server.address = self.resolve[rules.normalize_host(address[0])]
+        if address is None or tuple(address) == ("127.0.0.1", self.relay_port):
+            return
+        host, port = address[0], address[1]
+        if rules.normalize_host(host) in self.resolve:
+            data.server.address = self.resolve[rules.normalize_host(host)]
+            return
+        vetted, why = await self.vet(host, port)
+        if why is not None:
+            data.server.error = why
+        else:
+            data.server.address = (vetted, port)
+
+    async def vet(self, host: str, port: int) -> tuple[str | None, str | None]:
+        """(the address to connect to, None), or (None, why the host is out of bounds): one
+        that resolves to a loopback, private or link-local address (the runner's machine, its
+        network, cloud metadata) is, unless the egress config's [resolve] names it."""
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, port, type=socket.SOCK_STREAM
+            )
+        except OSError as e:
+            return None, f"{host} does not resolve: {e}"
+        addresses = [str(info[4][0]) for info in infos]
+        for address in addresses:
+            if not ipaddress.ip_address(address.split("%")[0]).is_global:
+                return None, (
+                    f"{host} resolves to {address}, which is not a public address: the gate "
+                    "reaches only public ones (an egress config's [resolve] can name a mirror)"
+                )
+        return addresses[0], None
 
     def tcp_start(self, flow: Any) -> None:
         """A tunnel that is not HTTP: only to an allowed host, and never to an LLM host."""

@@ -57,6 +57,7 @@ def fetch(url, data=None):
 out["allowed"] = fetch("https://%(allowed)s/simple/numpy")
 out["upload"] = fetch("https://%(allowed)s/upload", data=b"y" * 300000)
 out["denied"] = fetch("https://%(denied)s/simple/answers")
+out["loopback"] = fetch("https://127.0.0.2:%(port)d/simple/x")
 try:
     socket.getaddrinfo("%(allowed)s", 443)
     out["dns"] = "resolved"
@@ -117,7 +118,9 @@ async def _run_client(box: Sandbox, rig: Rig) -> dict[str, object]:
 async def test_allowed_host_passes_denied_host_is_refused_and_both_are_recorded(
     rig: Rig, kind: str, tmp_path: Path
 ) -> None:
-    route = await rig.gate.admit(rig.rollout_id, rig.key, (ALLOWED_HOST,), intercept=False)
+    # 127.0.0.2 is on the list, but the gate never reaches its own machine's addresses.
+    allow = (ALLOWED_HOST, "127.0.0.2")
+    route = await rig.gate.admit(rig.rollout_id, rig.key, allow, intercept=False)
     env = sandbox_env(f"{INSIDE_PROXY_DIR}/{BUNDLE_NAME}", route.port)
     spec = replace(spec_for(plain_task()), proxy_socket=rig.proxy_socket, egress=route, env=env)
     async with provider_of(kind, tmp_path / "ws") as provider:
@@ -136,6 +139,9 @@ async def test_allowed_host_passes_denied_host_is_refused_and_both_are_recorded(
     status, body = seen["denied"]  # type: ignore[misc]
     assert status == 403
     assert f"{DENIED_HOST} is not on this rollout's allow-list" in body
+    status, body = seen["loopback"]  # type: ignore[misc]
+    assert status == 403
+    assert "resolves to 127.0.0.2, which is not a public address" in body
     assert "resolved" not in str(seen["dns"])
     assert "connected" not in str(seen["raw"]), "a raw socket reached the host"
     assert rig.upstream.hits == [f"{ALLOWED_HOST} /simple/numpy"]
@@ -153,7 +159,9 @@ async def test_allowed_host_passes_denied_host_is_refused_and_both_are_recorded(
     denied = by_path[(DENIED_HOST, "/simple/answers")]
     assert (denied.verdict, denied.status) == (EgressVerdict.DENIED, 403)
     assert "allow-list" in denied.reason
-    assert len(records) == 3, records  # the revoked sandbox's attempts never reached mitmproxy
+    loopback = by_path[("127.0.0.2", "/simple/x")]
+    assert (loopback.verdict, loopback.status) == (EgressVerdict.DENIED, 403)
+    assert len(records) == 4, records  # the revoked sandbox's attempts never reached mitmproxy
 
 
 async def test_a_gate_that_died_is_a_clear_error_and_the_run_still_closes(rig: Rig) -> None:
@@ -171,7 +179,7 @@ async def _records(rig: Rig) -> list[EgressRecord]:
     # The gate reports as it goes; the runner flushes every FLUSH_EVERY seconds.
     for _ in range(50):
         records = await rig.store.egress(rig.rollout_id)
-        if len(records) >= 3:
+        if len(records) >= 4:
             return records
         await asyncio.sleep(0.1)
     return await rig.store.egress(rig.rollout_id)

@@ -55,6 +55,13 @@ class Pass:
     intercept: bool
 
 
+class _Link:
+    """One sandbox connection's entry in Gate.by_port (compared by identity)."""
+
+    def __init__(self, granted: Pass) -> None:
+        self.granted = granted
+
+
 class Reporter:
     """Writes protocol lines to the real stdout; mitmproxy's own output goes to stderr."""
 
@@ -71,7 +78,7 @@ class Gate:
         self.config = config
         self.reporter = reporter
         self.passes: dict[str, Pass] = {}
-        self.by_port: dict[int, Pass] = {}
+        self.by_port: dict[int, _Link] = {}
         """The gate's loopback port of each live connection to mitmproxy -> its rollout."""
         self.mitm_port = 0
         self.relay_port = 0
@@ -110,14 +117,20 @@ class Gate:
             writer.close()
             return
         port = up_writer.get_extra_info("sockname")[1]
-        self.by_port[port] = granted
+        link = _Link(granted)
+        self.by_port[port] = link
         try:
             await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
         finally:
             up_writer.close()
             writer.close()
-            # Hooks of this connection may still run (a flow's error): let them find it first.
-            asyncio.get_running_loop().call_later(30, self.by_port.pop, port, None)
+            # Hooks of this connection may still run (a flow's error): let them find it first,
+            # and leave the port alone if a new connection has it by then.
+            asyncio.get_running_loop().call_later(30, self._forget, port, link)
+
+    def _forget(self, port: int, link: _Link) -> None:
+        if self.by_port.get(port) is link:
+            del self.by_port[port]
 
     # --- host side: intercepted calls to the proxy's unix socket -----------------------------
 
@@ -152,8 +165,11 @@ class Gate:
     # --- the mitmproxy addon ----------------------------------------------------------------
 
     def owner(self, flow: Any) -> Pass | None:
-        peer = flow.client_conn.peername
-        return self.by_port.get(peer[1]) if peer else None
+        return self._owner_of(flow.client_conn.peername)
+
+    def _owner_of(self, peer: Any) -> Pass | None:
+        link = self.by_port.get(peer[1]) if peer else None
+        return None if link is None else link.granted
 
     async def requestheaders(self, flow: Any) -> None:
         from mitmproxy import http
@@ -258,7 +274,7 @@ class Gate:
             flow.kill()
 
     def tls_failed_client(self, data: Any) -> None:
-        granted = self.by_port.get(data.context.client.peername[1])
+        granted = self._owner_of(data.context.client.peername)
         if granted is None:
             return
         host = data.context.client.sni or "?"

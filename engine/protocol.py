@@ -177,7 +177,10 @@ def parse_generation(f: Fields, *, chat: bool) -> Generation:
     else:
         count = f.integer("logprobs", None, 0, MAX_LOGPROBS)
         logprobs, top = count is not None, count or 0
-        max_tokens = f.integer("max_tokens", 16, 1)
+        # vLLM: 16 when left out, but an explicit null means whatever the context leaves
+        # (token-in callers send null to get the chat route's default).
+        explicit_null = "max_tokens" in f.data and f.data["max_tokens"] is None
+        max_tokens = None if explicit_null else f.integer("max_tokens", 16, 1)
     if f.integer("prompt_logprobs", None):
         raise BadRequest("`prompt_logprobs` is not supported by this engine", "prompt_logprobs")
     if f.integer("best_of", None, 1) not in (None, 1):

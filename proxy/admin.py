@@ -132,6 +132,9 @@ async def create_rollout(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     body = await read_object(request)
     fields: dict[str, Any] = {}
+    token_in = body.pop("token_in", None)
+    if token_in is not None and not isinstance(token_in, bool):
+        raise BadRequest("'token_in' must be a boolean", param="token_in")
     for key, value in body.items():
         expected = _NEW_ROLLOUT_FIELDS.get(key)
         if expected is None:
@@ -139,6 +142,9 @@ async def create_rollout(request: web.Request) -> web.Response:
         if value is not None and (not isinstance(value, expected) or isinstance(value, bool)):
             raise BadRequest(f"{key!r} must be {expected.__name__}", param=key)
         fields[key] = value
+    if token_in is not None:
+        # Kept with the rollout, so any proxy serving it (or this one after a restart) knows.
+        fields["meta"] = {**(fields.get("meta") or {}), "token_in": token_in}
     try:
         created = await ctx.store.create_rollout(NewRollout(**fields))
     except Exception as e:
@@ -193,7 +199,10 @@ async def get_trajectory(request: web.Request) -> web.Response:
         built = await ctx.store.rollout_trajectories(rollout_id)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
-    body = await asyncio.to_thread(lambda: orjson.dumps(rollout_dict(built), default=_default))
+    document = rollout_dict(built)
+    bridging = await ctx.store.bridging(rollout_id=rollout_id)
+    document["bridging"] = None if bridging is None else bridging.as_dict()
+    body = await asyncio.to_thread(lambda: orjson.dumps(document, default=_default))
     return web.Response(body=body, content_type="application/json")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from rolltap.proxy.call import EngineCall
 from rolltap.proxy.intake import Intake
 from rolltap.proxy.relay import EngineAnswer
+from rolltap.proxy.tokenin.answer import answer_token_in
 
 
 async def engine_answer(taken: Intake, body: dict[str, Any]) -> EngineAnswer:
@@ -18,5 +19,8 @@ async def engine_answer(taken: Intake, body: dict[str, Any]) -> EngineAnswer:
 
 
 async def live_answer(taken: Intake, body: dict[str, Any]) -> EngineAnswer:
-    """The engine's answer, with token capture (call.py)."""
+    """The engine's answer, with token capture (call.py); token-in where the rollout has it."""
+    tokenin = taken.ctx.tokenin
+    if tokenin is not None and tokenin.enabled(taken.state.token_in):
+        return await answer_token_in(tokenin, taken, body)
     return EngineCall(taken.ctx, taken.exchange, body, rollout=taken.state)

@@ -27,10 +27,19 @@ from rolltap.proxy.responses import responses
 from rolltap.proxy.rollouts import FOR_SANDBOXES, Rollouts
 from rolltap.proxy.routing import StickyRouter
 from rolltap.proxy.secret import signing_key
+from rolltap.proxy.tokenin.bridge import Bridges, LocalTemplate
+from rolltap.proxy.tokenin.config import TokenIn
 from rolltap.store import CallDialect, Store, StoreState
 
 _MODELS_TTL = 10.0
 _SWEEP_EVERY = 30.0
+
+
+def token_in(settings: ProxySettings) -> TokenIn:
+    local = None
+    if settings.tokenizer is not None:
+        local = Bridges(LocalTemplate.load(settings.tokenizer, settings.chat_template))
+    return TokenIn(settings.token_in, settings.reasoning_parser, settings.tool_call_parser, local)
 
 
 def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
@@ -56,6 +65,7 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         metrics=metrics,
         recall=Recall(handles, store, recorded),
         bus=bus_for(store.db.url),
+        tokenin=token_in(settings),
     )
     metrics.gauges.append(
         Gauge(

@@ -18,9 +18,9 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -72,6 +72,26 @@ class Chunk:
     doc: dict[str, Any]
 
 
+class Route(Protocol):
+    """An engine route other than chat completions whose answers read back as chat ones (the
+    token-in route, proxy/tokenin/route.py)."""
+
+    resumable: bool
+    """Whether an answer aborted for a weight update is continued (resume.py)."""
+
+    def prepare(self, chat: dict[str, Any], kind: EngineKind) -> Prepared:
+        """The engine request for the chat request `chat`, its path set."""
+        ...
+
+    def whole(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A whole answer of the route as a chat completion."""
+        ...
+
+    def chunk(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """One streamed event of the route as a chat completion chunk."""
+        ...
+
+
 class EngineCall:
     def __init__(
         self,
@@ -80,10 +100,13 @@ class EngineCall:
         body: dict[str, Any],
         *,
         rollout: RolloutState | None = None,
+        route: Route | None = None,
     ) -> None:
         """`rollout`: the call's rollout, whose batch may impose sampling options (sampling.py)
-        and under which an answer aborted for a weight update is recorded (resume.py)."""
+        and under which an answer aborted for a weight update is recorded (resume.py).
+        `route`: where the call goes instead of chat completions."""
         self._ctx = ctx
+        self._route = route
         self._exchange = exchange
         self._rollout = rollout
         body = impose(body, None if rollout is None else rollout.sampling)
@@ -167,6 +190,8 @@ class EngineCall:
             return
 
     def _prepare(self, kind: EngineKind) -> Prepared:
+        if self._route is not None:
+            return self._route.prepare(self._body, kind)
         return prepare_chat(self._body, kind)
 
     async def read_body(self) -> tuple[bytes, dict[str, Any]]:
@@ -179,7 +204,7 @@ class EngineCall:
             raise EngineBroke(f"engine failed while answering: {named(e)}") from e
         self._exchange.first_token_at = now()
         self._finish_upstream()
-        doc = self._read(raw, "answer")
+        raw, doc = self._read(raw, "answer")
         if not self._resumable(doc):
             return raw, doc
         # Aborted for a weight update: continue it on the new weights, answer as one.
@@ -189,7 +214,7 @@ class EngineCall:
         merged = resume.merged_answer(doc, tail, first)
         return orjson.dumps(merged), merged
 
-    async def chunks(self) -> AsyncIterator[list[Chunk]]:
+    async def chunks(self) -> AsyncGenerator[list[Chunk], None]:
         """The streamed answer as it arrives: the chunks of each network read, captured. An
         answer aborted for a weight update goes on with its continuation's chunks."""
         async with contextlib.aclosing(self._events(self._chunk)) as answer:
@@ -231,7 +256,7 @@ class EngineCall:
                 raise EngineBroke(f"engine stream broke: {named(e)}") from e
 
     def _chunk(self, raw: bytes) -> Chunk:
-        doc = self._read(raw, "chunk")
+        raw, doc = self._read(raw, "chunk")
         if not self._head:
             self._head = {k: doc[k] for k in ("id", "created", "model") if k in doc}
         for choice in doc.get("choices") or ():
@@ -249,6 +274,8 @@ class EngineCall:
         if not choices or len(choices) != 1 or choices[0].get("finish_reason") != "abort":
             return False
         if self._rollout is None or self._ctx.gate.aborts <= self._aborts:
+            return False
+        if self._route is not None and not self._route.resumable:
             return False
         if (self._body.get("n") or 1) != 1 or self._kind is not EngineKind.VLLM:
             return False
@@ -356,20 +383,26 @@ class EngineCall:
             raise EngineBroke(f"engine error in its {what}: {error_message(raw)}")
         return doc
 
-    def _read(self, raw: bytes, what: str) -> dict[str, Any]:
-        """One engine document, parsed and captured; EngineBroke if it is no chat answer."""
+    def _read(self, raw: bytes, what: str) -> tuple[bytes, dict[str, Any]]:
+        """One engine document, parsed (as chat, through the route) and captured; EngineBroke if
+        it is no answer."""
         try:
             doc = orjson.loads(raw)
             if not isinstance(doc, dict):
                 raise TypeError(f"a JSON {type(doc).__name__}, not an object")
-            if doc.get("object") == "error" or ("error" in doc and not doc.get("choices")):
+            if doc.get("object") == "error" or (
+                "error" in doc and not doc.get("choices") and "text" not in doc
+            ):
                 raise EngineBroke(f"engine error in its {what}: {error_message(raw)}")
+            if self._route is not None:
+                doc = self._route.chunk(doc) if what == "chunk" else self._route.whole(doc)
+                raw = orjson.dumps(doc)
             capture_response(doc, self._exchange.captured)
         except _UNREADABLE as e:
             raise EngineGarbled(f"unreadable engine {what}: {named(e)}", raw) from e
         if isinstance(doc.get("usage"), dict):
             self._exchange.usage = doc["usage"]
-        return doc
+        return raw, doc
 
     async def _fill(self) -> None:
         """Read until at least one event is pending or the stream ended."""

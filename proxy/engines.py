@@ -31,6 +31,8 @@ class Prepared:
     """What the client did not ask for and must not see."""
     usage_chunk_for_client: bool
     """Whether the client asked for the streaming usage chunk (rolltap always asks)."""
+    path: str | None = None
+    """The engine route to send it to; None: the caller's (chat completions)."""
 
 
 def prepare_chat(body: dict[str, Any], kind: EngineKind) -> Prepared:

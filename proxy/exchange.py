@@ -57,6 +57,8 @@ class Exchange:
     retry_of: str | None = None
     resumes: str | None = None
     """The call whose answer, aborted for a weight update, this one continues."""
+    bridge: str | None = None
+    """Token-in mode: `bridged`, or why this call fell back (proxy/tokenin/lineage.py)."""
     notes: list[str] = field(default_factory=list)
     upstream_done: float | None = None
     """perf_counter() when the engine's answer was complete (for the overhead metric)."""
@@ -121,6 +123,7 @@ class Exchange:
             body_hash=self.body_hash,
             retry_of=self.retry_of,
             resumes=self.resumes,
+            bridge=self.bridge,
             prompt_ids=prompt,
             choices=choices,
             request_body=self.raw_body,

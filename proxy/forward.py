@@ -66,7 +66,10 @@ async def open_upstream(
         exchange.dispatched_at = now()
         try:
             response = await session.post(
-                backend.endpoint(path), data=engine_request, headers=headers, timeout=timeout
+                backend.endpoint(prepared.path or path),
+                data=engine_request,
+                headers=headers,
+                timeout=timeout,
             )
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
             backend.inflight -= 1

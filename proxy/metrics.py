@@ -14,6 +14,8 @@ import prometheus_client
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from rolltap.store.bridging import break_rate
+
 Labels = tuple[tuple[str, str], ...]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -46,6 +48,7 @@ class Counter:
         self.name = name
         self._registry = registry
         metric = prometheus_client.Counter(name, help_, labels, registry=registry)
+        self._metric = metric
         self._labelled = _Labelled(metric, labels)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
@@ -53,6 +56,9 @@ class Counter:
 
     def value(self, **labels: str) -> float:
         return self._registry.get_sample_value(self.name, labels) or 0.0
+
+    def collect(self) -> list[Metric]:
+        return list(self._metric.collect())
 
 
 class Histogram:
@@ -135,8 +141,37 @@ class ProxyMetrics:
             "Streaming: time to first chunk.",
             LATENCY_BUCKETS,
         )
+        self.token_in = Counter(
+            r,
+            "rolltap_token_in_calls_total",
+            "Calls of token-in rollouts: outcome `bridged`, or the reason code of a fallback.",
+            ("outcome",),
+        )
+        self.bridge_seconds = Histogram(
+            r,
+            "rolltap_bridge_seconds",
+            "Token-in: time to find a call's lineage and render its bridge.",
+            OVERHEAD_BUCKETS,
+        )
         self.gauges: list[Gauge] = []
+        self.gauges.append(
+            Gauge(
+                "rolltap_bridge_break_rate",
+                "Token-in: fallbacks that broke a conversation's token chain, over calls that "
+                "continue a conversation (all but first turns).",
+                lambda: [((), self.bridge_break_rate())],
+            )
+        )
         r.register(_Gauges(self.gauges))
+
+    def bridge_break_rate(self) -> float:
+        outcomes = {
+            sample.labels["outcome"]: sample.value
+            for metric in self.token_in.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        }
+        return break_rate(outcomes) or 0.0
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

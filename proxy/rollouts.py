@@ -25,6 +25,7 @@ from rolltap.proxy.budget import Budget
 from rolltap.proxy.errors import Forbidden, Unauthorized
 from rolltap.proxy.routing import StickyRouter
 from rolltap.proxy.sampling import rollout_sampling
+from rolltap.proxy.tokenin.lineage import Lineages
 from rolltap.store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
 from rolltap.store.ids import hash_key
 from rolltap.store.store import FINAL_STATUSES
@@ -48,12 +49,22 @@ class RolloutState:
     """The harness ended: every later call is refused."""
     sampling: dict[str, Any] | None = None
     """Sampling options the rollout's batch imposes on every call (proxy/sampling.py)."""
+    token_in: bool | None = None
+    """The rollout's own choice of token-in mode (`token_in` in its metadata); None: the
+    proxy's default."""
+    lineages: Lineages = field(default_factory=Lineages)
+    """Its conversations' recent turns, for token-in (proxy/tokenin/lineage.py)."""
 
     def remember_body(self, digest: str, call_id: str, status: str, keep: int = 64) -> None:
         self.bodies[digest] = (call_id, status)
         self.bodies.move_to_end(digest)
         if len(self.bodies) > keep:
             self.bodies.popitem(last=False)
+
+
+def _token_in(meta: dict[str, Any]) -> bool | None:
+    chosen = meta.get("token_in")
+    return chosen if isinstance(chosen, bool) else None
 
 
 FOR_SANDBOXES = web.AppKey("rolltap_for_sandboxes", bool)
@@ -147,6 +158,7 @@ class Rollouts:
                 now,
                 calls_before=view.n_calls,
                 sampling=rollout_sampling(view.meta),
+                token_in=_token_in(view.meta),
             )
             if view.n_calls and view.status not in FINAL_STATUSES and self._router is not None:
                 backend = await self._store.last_backend(view.id)

@@ -34,7 +34,7 @@ ensure_ascii=False)`: keys sorted, no whitespace, non-ASCII characters kept as U
 1. `id`, `rollout_id`, `dialect`, `purpose`, `model`, `backend`, `status`, `http_status`,
    `error`, `stream`, `capture`, `received_at`, `dispatched_at`, `first_token_at`,
    `finished_at`, `weight_version`, `finish_reason`, `usage`, `retry_count`, `body_hash`,
-   `retry_of`, `prompt_tokens`, `completion_tokens`, `n_choices`, `resumes`;
+   `retry_of`, `prompt_tokens`, `completion_tokens`, `n_choices`, `resumes`, `bridge`;
 2. the full prompt token ids as bytes (int32 little-endian, `b""` when the call has none): the
    prompt as sent, not its stored delta (`prompt_parent_id`, `prompt_shared`, `prompt_suffix`
    are a storage encoding and are covered through the rebuilt prompt);
@@ -83,6 +83,7 @@ CALL_FIELDS = (
     "completion_tokens",
     "n_choices",
     "resumes",
+    "bridge",
 )
 CHOICE_FIELDS = ("idx", "finish_reason", "n_tokens", "token_ids", "logprobs")
 

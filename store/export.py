@@ -21,6 +21,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rolltap.store.bridging import Bridging
 from rolltap.store.drift import Detokenizer
 from rolltap.store.store import Store
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
@@ -252,10 +253,12 @@ async def rollout_document(
     egress requests."""
     view = await store.rollout(rollout_id)
     calls = await store.calls(rollout_id)
+    bridging = Bridging.of(c.bridge for c in calls)
     document: dict[str, Any] = {
         "rollout": view.as_dict(),
         "calls": [c.as_dict() for c in calls],
         "integrity": (await store.verify_rollout(rollout_id)).as_dict(),
+        "bridging": None if bridging is None else bridging.as_dict(),
         "faithfulness": None,
         "segments": [],
         "egress": [e.as_dict() for e in await store.egress(rollout_id)],

@@ -177,6 +177,10 @@ class Call(Base):
     """blake2b-128 of the client's request body, to link a retry to the call it repeats."""
     retry_of: Mapped[str | None] = mapped_column(ForeignKey("call.id", ondelete="SET NULL"))
     resumes: Mapped[str | None] = mapped_column(ForeignKey("call.id", ondelete="SET NULL"))
+    bridge: Mapped[str | None] = mapped_column(String(32))
+    """Token-in mode: `bridged` (the prompt is the previous call's prompt and answer plus the
+    bridge), or why the call fell back to a rendered prompt (proxy/tokenin/lineage.py).
+    None: a call in normal mode."""
     """The call whose answer this one continues: its engine aborted it for a weight update and
     the proxy sent the prompt plus the partial answer back, token-in, on the new weights."""
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)

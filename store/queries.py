@@ -14,6 +14,7 @@ from sqlalchemy import Row, Select, bindparam, case, exists, func, null, select
 from sqlalchemy.engine import Connection
 
 from rolltap.store import compress
+from rolltap.store.bridging import Bridging
 from rolltap.store.chain import GENESIS_HEX, prev_of
 from rolltap.store.delta import KnownCall, StoredPrompt, rebuild_prompts
 from rolltap.store.errors import NotFound
@@ -279,6 +280,7 @@ def _call_view(row: Row[Any]) -> CallView:
         completion_tokens=m["completion_tokens"],
         n_choices=m["n_choices"],
         resumes=m["resumes"],
+        bridge=m["bridge"],
         digest=m["digest"],
         hash=m["hash"],
     )
@@ -481,3 +483,16 @@ def existing_rollouts(conn: Connection, rollout_ids: Sequence[str]) -> set[str]:
     if not rollout_ids:
         return set()
     return set(conn.execute(select(R.c.id).where(R.c.id.in_(list(rollout_ids)))).scalars())
+
+
+def bridging(conn: Connection, rollout_id: str | None, batch_id: str | None) -> Bridging | None:
+    """Token-in outcomes of a rollout's calls, or of every call of a batch's rollouts."""
+    query = select(C.c.bridge, func.count()).where(C.c.bridge.is_not(None)).group_by(C.c.bridge)
+    if rollout_id is not None:
+        query = query.where(C.c.rollout_id == rollout_id)
+    if batch_id is not None:
+        query = query.where(
+            C.c.rollout_id.in_(select(R.c.id).where(R.c.batch_id == batch_id).scalar_subquery())
+        )
+    counts = {str(outcome): int(n) for outcome, n in conn.execute(query)}
+    return Bridging(counts) if counts else None

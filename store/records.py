@@ -68,6 +68,8 @@ class CallRecord:
     retry_of: str | None = None
     resumes: str | None = None
     """The call whose aborted answer this one continues (a weight update in abort_resume)."""
+    bridge: str | None = None
+    """Token-in mode: `bridged`, or the reason code of a fallback; None in normal mode."""
     prompt_ids: IdArray | None = None
     choices: list[ChoiceRecord] = field(default_factory=list)
     request_body: bytes | None = None
@@ -173,6 +175,8 @@ class CallView:
     n_choices: int
     resumes: str | None = None
     """The call whose aborted answer this one continues (see CallRecord.resumes)."""
+    bridge: str | None = None
+    """Token-in mode: `bridged` or the fallback's reason code (see CallRecord.bridge)."""
     digest: str | None = None
     """SHA-256 of the record's canonical encoding (store/chain.py)."""
     hash: str | None = None
@@ -206,6 +210,7 @@ class CallView:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "n_choices": self.n_choices,
+            "bridge": self.bridge,
             "digest": self.digest,
             "hash": self.hash,
         }

@@ -11,6 +11,7 @@ from sqlalchemy.exc import DBAPIError
 
 from rolltap.store import egress, integrity, migrate, queries, trajectory
 from rolltap.store.analysis import AnalysisThread
+from rolltap.store.bridging import Bridging
 from rolltap.store.database import Database, open_database, unavailable
 from rolltap.store.drift import Detokenizer
 from rolltap.store.errors import InvalidTokens, NotFound, ReadOnly
@@ -260,6 +261,13 @@ class Store:
     async def egress(self, rollout_id: str) -> list[egress.EgressRecord]:
         """The rollout's egress requests, oldest first (empty without egress)."""
         return await self.db.read(egress.records_of, rollout_id)
+
+    async def bridging(
+        self, *, rollout_id: str | None = None, batch_id: str | None = None
+    ) -> Bridging | None:
+        """Token-in outcomes and bridge_break_rate of a rollout or a batch (None: no token-in
+        call)."""
+        return await self.db.read(queries.bridging, rollout_id, batch_id)
 
     async def call(self, call_id: str) -> CallView:
         return await self.db.read(queries.call, call_id)

@@ -452,6 +452,7 @@ class GroupCommitWriter:
                 "body_hash": record.body_hash,
                 "retry_of": record.retry_of,
                 "resumes": record.resumes,
+                "bridge": record.bridge,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "n_choices": len(record.choices),

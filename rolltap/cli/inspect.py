@@ -16,6 +16,7 @@ from rolltap.cli.options import db_option
 from rolltap.cli.trajectory_view import render_segments, tokenizer_option
 from rolltap.store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
 from rolltap.store import open as open_store
+from rolltap.store.bridging import Bridging
 from rolltap.store.detokenizer import HFDetokenizer
 from rolltap.store.export import rollout_document
 
@@ -68,7 +69,8 @@ def ls(
     "--json",
     "as_json",
     is_flag=True,
-    help="One JSON document: rollout, calls, integrity, faithfulness, segments (see README).",
+    help="One JSON document: rollout, calls, integrity, bridging, faithfulness, segments "
+    "(see README).",
 )
 def show(db_url: str | None, rollout_id: str, tokenizer: Path | None, as_json: bool) -> None:
     """Show one rollout, its calls one line each, then its segments and where the chain broke."""
@@ -127,6 +129,13 @@ def _render(console: Console, store: StoreReader, r: RolloutView, calls: list[Ca
     )
     if r.error:
         console.print(f"  [red]error[/red] {r.error}")
+    bridging = Bridging.of(c.bridge for c in calls)
+    if bridging is not None:
+        rate = bridging.bridge_break_rate
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(bridging.outcomes.items()))
+        console.print(
+            f"  token-in  bridge_break_rate {'-' if rate is None else f'{rate:.2f}'}  ({outcomes})"
+        )
     table = Table(box=None, header_style="bold")
     for column in (
         "seq",
@@ -145,7 +154,10 @@ def _render(console: Console, store: StoreReader, r: RolloutView, calls: list[Ca
     ):
         table.add_column(column)
     for c in calls:
-        notes = [x for x in (c.purpose, c.retry_of and f"retry of {c.retry_of}", c.error) if x]
+        bridge = c.bridge and f"token-in {c.bridge}"
+        notes = [
+            x for x in (c.purpose, bridge, c.retry_of and f"retry of {c.retry_of}", c.error) if x
+        ]
         table.add_row(
             str(c.seq),
             c.dialect.value + (" (stream)" if c.stream else ""),

@@ -122,6 +122,8 @@ class Service:
         k = batch.spec.samples_per_task
         tasks = [t for t in summary.tasks if t.samples == k]
         data["rollouts"] = {"total": len(views), "by_status": statuses}
+        bridging = await self.store.bridging(batch_id=batch.id)
+        data["bridging"] = None if bridging is None else bridging.as_dict()
         data["reward"] = {"mean": summary.mean_reward}
         data["pass_at_k"] = {
             "k": k,

@@ -63,6 +63,7 @@ CALL_FIELDS = [
     "prompt_tokens",
     "completion_tokens",
     "n_choices",
+    "bridge",
     "digest",
     "hash",
 ]
@@ -119,8 +120,17 @@ def test_show_json_is_one_document_with_calls_integrity_and_segments(tmp_path: P
 
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert list(doc) == ["rollout", "calls", "integrity", "faithfulness", "segments", "egress"]
+    assert list(doc) == [
+        "rollout",
+        "calls",
+        "integrity",
+        "bridging",
+        "faithfulness",
+        "segments",
+        "egress",
+    ]
     assert doc["egress"] == []
+    assert doc["bridging"] is None  # a rollout in normal mode
     assert list(doc["rollout"]) == ROLLOUT_FIELDS
     assert [list(c) for c in doc["calls"]] == [CALL_FIELDS] * 3
     assert [c["seq"] for c in doc["calls"]] == [1, 2, 3]

@@ -103,6 +103,7 @@ async def test_the_digest_is_the_documented_encoding(store: Store) -> None:
         "completion_tokens": 2,
         "n_choices": 1,
         "resumes": None,
+        "bridge": None,
     }
     choice = {
         "idx": 0,

@@ -1,0 +1,157 @@
+"""Token-in calls: decide per call whether it continues a lineage, and answer either way.
+
+A call of a token-in rollout whose request continues an earlier answer (lineage.py) is sent to
+the engine's token-in route with the earlier prompt, the sampled ids and the bridge
+(bridge.py), its answer read back as chat (route.py). Any other call is a normal rendered chat
+call, its reason code recorded. Both become a lineage turn once answered, so the next call of
+the conversation can continue them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rolltap.proxy.assemble import ChatAssembler
+from rolltap.proxy.call import Chunk, EngineCall, EngineError
+from rolltap.proxy.engines import EngineKind, Prepared
+from rolltap.proxy.errors import UpstreamUnavailable
+from rolltap.proxy.intake import Intake
+from rolltap.proxy.relay import EngineAnswer
+from rolltap.proxy.tokenin.bridge import TemplateFailed
+from rolltap.proxy.tokenin.config import TokenIn
+from rolltap.proxy.tokenin.lineage import (
+    MULTIPLE_CHOICES,
+    TOKENIZE_FAILED,
+    UNSUPPORTED_BACKEND,
+    Continued,
+    Lineages,
+    Turn,
+    answer_print,
+    context_print,
+    prefix_hashes,
+)
+from rolltap.proxy.tokenin.route import TokenInRoute
+from rolltap.store.bridging import BRIDGED
+
+log = logging.getLogger("rolltap.proxy")
+
+
+async def answer_token_in(tokenin: TokenIn, taken: Intake, body: dict[str, Any]) -> EngineAnswer:
+    """The call's answer: token-in when its request continues a lineage, else rendered."""
+    state, exchange = taken.state, taken.exchange
+    hashes = prefix_hashes(body["messages"])
+    context = context_print(body)
+    started = time.perf_counter()
+    outcome = await _decide(tokenin, taken, body, hashes, context)
+    route = outcome if isinstance(outcome, TokenInRoute) else None
+    exchange.bridge = BRIDGED if route is not None else str(outcome)
+    metrics = taken.ctx.metrics
+    metrics.token_in.inc(outcome=exchange.bridge)
+    if route is not None:
+        metrics.bridge_seconds.observe(time.perf_counter() - started)
+    call = EngineCall(taken.ctx, exchange, body, rollout=state, route=route)
+    return _Remembered(call, taken, state.lineages, hashes, context)
+
+
+async def _decide(
+    tokenin: TokenIn, taken: Intake, body: dict[str, Any], hashes: list[bytes], context: bytes
+) -> TokenInRoute | str:
+    if (body.get("n") or 1) != 1:
+        return MULTIPLE_CHOICES
+    found = taken.state.lineages.find(body["messages"], hashes, context)
+    if not isinstance(found, Continued):
+        return found
+    try:
+        backend = taken.ctx.router.pick(taken.exchange.rollout_id)
+    except UpstreamUnavailable:
+        return UNSUPPORTED_BACKEND  # dispatch then says that no backend could take the call
+    if backend.kind is EngineKind.OPENAI:
+        return UNSUPPORTED_BACKEND
+    turn = found.turn
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    bridges = tokenin.bridges(taken.ctx.client(), backend.url, backend.kind, model)
+    options = body.get("chat_template_kwargs")
+    try:
+        bridge = await bridges.bridge(
+            turn.sampled_ids[-1] if turn.sampled_ids else -1,
+            found.tail,
+            body.get("tools") or None,
+            options if isinstance(options, dict) else None,
+        )
+    except TemplateFailed as e:
+        log.warning("token-in bridge for call %s: %s", taken.exchange.call_id, e)
+        return TOKENIZE_FAILED
+    if isinstance(bridge, str):
+        return bridge
+    parse_tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
+    return TokenInRoute(
+        [*turn.prompt_ids, *turn.sampled_ids, *bridge],
+        tokenin.reasoning_parser,
+        tokenin.tool_call_parser if parse_tools else None,
+        body.get("tools"),
+    )
+
+
+class _Remembered:
+    """An engine answer that, once complete, becomes a turn of its lineage."""
+
+    def __init__(
+        self,
+        call: EngineCall,
+        taken: Intake,
+        lineages: Lineages,
+        hashes: list[bytes],
+        context: bytes,
+    ) -> None:
+        self._call = call
+        self._taken = taken
+        self._lineages = lineages
+        self._hashes = hashes
+        self._context = context
+        self.error: EngineError | None = None
+        self.capped = call.capped
+
+    @property
+    def prepared(self) -> Prepared:
+        return self._call.prepared
+
+    async def open(self) -> None:
+        await self._call.open()
+        self.error = self._call.error
+
+    async def read_body(self) -> tuple[bytes, dict[str, Any]]:
+        raw, doc = await self._call.read_body()
+        choices = doc.get("choices") or [{}]
+        self._remember((choices[0] or {}).get("message") or {})
+        return raw, doc
+
+    async def chunks(self) -> AsyncIterator[list[Chunk]]:
+        assembler = ChatAssembler(keep_logprobs=False)
+        async with contextlib.aclosing(self._call.chunks()) as answer:
+            async for batch in answer:
+                for chunk in batch:
+                    assembler.feed(chunk.doc)
+                yield batch
+        choices = assembler.result().get("choices") or [{}]
+        self._remember(choices[0].get("message") or {})
+
+    def close(self) -> None:
+        self._call.close()
+
+    def _remember(self, message: dict[str, Any]) -> None:
+        captured = self._taken.exchange.captured
+        choice = captured.choices.get(0)
+        if captured.prompt_ids is None or choice is None or not choice.has_ids:
+            return  # a text-only answer cannot be continued by ids
+        turn = Turn(
+            prompt_ids=list(captured.prompt_ids),
+            sampled_ids=list(choice.token_ids),
+            finish_reason=choice.finish_reason,
+            answer=answer_print(message),
+            context=self._context,
+        )
+        self._lineages.add(self._hashes, turn)

@@ -1,0 +1,283 @@
+"""The engine's token-in route: a prompt of ids out, the answer back as a chat completion.
+
+vLLM and rolltap's engine take `/v1/completions` with a list-of-ids `prompt` and
+`return_token_ids`; SGLang takes `/generate` with `input_ids`. Neither parses the text, so the
+answer is split here (parse.py) and reshaped as the chat completion (or chunks) the engine's
+chat route would have sent, ids and logprobs where vLLM's chat route puts them: everything
+after this (capture, stripping, every dialect's rendering) reads it like any chat answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rolltap.proxy.engines import EngineKind, Prepared
+from rolltap.proxy.strip import Extras
+from rolltap.proxy.tokenin.parse import AnswerParser, Delta
+
+COMPLETIONS_PATH = "/v1/completions"
+SGLANG_PATH = "/generate"
+
+_CARRIED = (
+    "model",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "cache_salt",
+    "stream",
+)
+"""Chat options that mean the same in a completions request."""
+
+_SGLANG_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "seed": "sampling_seed",
+}
+
+
+class TokenInRoute:
+    """One call's token-in request and its answer turned into chat (an `EngineCall` route)."""
+
+    resumable = False
+    """An answer aborted for a weight update is not continued (resume.py is chat-shaped)."""
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        reasoning: str | None,
+        tool_parser: str | None,
+        tools: list[dict[str, Any]] | None,
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self._parser = AnswerParser(reasoning, tool_parser, tools)
+        self._kind = EngineKind.VLLM
+        self._head: dict[str, Any] | None = None
+        self._seen_ids = 0
+        self._seen_text = 0
+        self._top = 0
+        self._opened = False
+        """The first chunk with a choice went out (it carries the role and the prompt ids)."""
+
+    def prepare(self, chat: dict[str, Any], kind: EngineKind) -> Prepared:
+        self._kind = kind
+        asked_logprobs = chat.get("logprobs") is True
+        self._top = int(chat.get("top_logprobs") or 0) if asked_logprobs else 0
+        stream = chat.get("stream") is True
+        options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
+        asked_usage = bool(options.get("include_usage")) if options else False
+        extras = Extras(
+            token_ids=chat.get("return_token_ids") is not True, logprobs=not asked_logprobs
+        )
+        limit = chat.get("max_completion_tokens") or chat.get("max_tokens")
+        if kind is EngineKind.SGLANG:
+            return Prepared(self._sglang(chat, limit, stream), extras, asked_usage, SGLANG_PATH)
+        body: dict[str, Any] = {k: chat[k] for k in _CARRIED if chat.get(k) is not None}
+        body["prompt"] = self.prompt_ids
+        body["logprobs"] = self._top
+        body["return_token_ids"] = True
+        # Completions default to 16 tokens; null is the chat route's default (what is left).
+        body["max_tokens"] = limit if isinstance(limit, int) else None
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return Prepared(body, extras, asked_usage, COMPLETIONS_PATH)
+
+    def _sglang(self, chat: dict[str, Any], limit: Any, stream: bool) -> dict[str, Any]:
+        sampling = {v: chat[k] for k, v in _SGLANG_SAMPLING.items() if chat.get(k) is not None}
+        if isinstance(limit, int):
+            sampling["max_new_tokens"] = limit
+        body: dict[str, Any] = {
+            "input_ids": self.prompt_ids,
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "top_logprobs_num": self._top,
+            "stream": stream,
+        }
+        if chat.get("model") is not None:
+            body["model"] = chat["model"]
+        return body
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def whole(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A whole token-in answer as a chat completion."""
+        text, ids, logprobs, finish, stop, usage = self._read(doc)
+        delta = self._parser.push(text)
+        delta.add(self._parser.finish())
+        message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
+        if delta.reasoning:
+            message["reasoning"] = delta.reasoning
+        if delta.tool_calls:
+            message["tool_calls"] = [c.to_openai() for c in delta.tool_calls]
+        elif message["content"] is None:
+            message["content"] = ""
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": {"content": logprobs} if logprobs is not None else None,
+            "finish_reason": self._finish(finish),
+            "stop_reason": stop,
+            "token_ids": ids,
+        }
+        out = {**self._meta(doc), "object": "chat.completion", "choices": [choice]}
+        if usage is not None:
+            out["usage"] = usage
+        out["prompt_token_ids"] = self._engine_prompt(doc)
+        return out
+
+    def chunk(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """One token-in stream chunk as a chat completion chunk."""
+        meta = self._meta(doc)
+        out: dict[str, Any] = {**meta, "object": "chat.completion.chunk"}
+        if self._kind is not EngineKind.SGLANG and not doc.get("choices"):
+            out["choices"] = []
+            if "usage" in doc:
+                out["usage"] = doc["usage"]
+            return out
+        text, ids, logprobs, finish, stop, usage = self._read(doc)
+        delta = self._parser.push(text)
+        if finish is not None:
+            delta.add(self._parser.finish())
+        body = self._delta(delta)
+        first, self._opened = not self._opened, True
+        if first:
+            body = {"role": "assistant", **({"content": ""} if not body else {}), **body}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": body,
+            "logprobs": {"content": logprobs} if logprobs is not None else None,
+            "finish_reason": self._finish(finish) if finish is not None else None,
+            "token_ids": ids,
+        }
+        if finish is not None:
+            choice["stop_reason"] = stop
+        out["choices"] = [choice]
+        if first:
+            out["prompt_token_ids"] = self._engine_prompt(doc)
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+    def _engine_prompt(self, doc: dict[str, Any]) -> list[int]:
+        """The prompt ids as the engine echoes them (vLLM: per choice), else as sent."""
+        for choice in doc.get("choices") or ():
+            if isinstance(choice, dict) and isinstance(choice.get("prompt_token_ids"), list):
+                return list(choice["prompt_token_ids"])
+        return self.prompt_ids
+
+    def _delta(self, delta: Delta) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if delta.reasoning:
+            body["reasoning"] = delta.reasoning
+        if delta.content:
+            body["content"] = delta.content
+        if delta.tool_calls:
+            start = self._parser.calls - len(delta.tool_calls)
+            body["tool_calls"] = [
+                {"index": start + k, **call.to_openai()} for k, call in enumerate(delta.tool_calls)
+            ]
+        return body
+
+    def _finish(self, finish: str | None) -> str | None:
+        if finish == "stop" and self._parser.calls:
+            return "tool_calls"
+        return finish
+
+    def _meta(self, doc: dict[str, Any]) -> dict[str, Any]:
+        if self._head is None:
+            rid = str(doc.get("id") or doc.get("meta_info", {}).get("id") or "")
+            self._head = {
+                "id": "chatcmpl-" + rid.removeprefix("cmpl-"),
+                "created": doc.get("created", 0),
+                "model": doc.get("model", ""),
+            }
+        return dict(self._head)
+
+    def _read(
+        self, doc: dict[str, Any]
+    ) -> tuple[str, list[int], list[dict[str, Any]] | None, str | None, Any, dict[str, Any] | None]:
+        """(new text, new ids, new chat logprob entries, finish, stop reason, usage)."""
+        if self._kind is EngineKind.SGLANG:
+            return self._read_sglang(doc)
+        (choice,) = doc["choices"]
+        ids = list(choice.get("token_ids") or ())
+        self._seen_ids += len(ids)
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
+        return (
+            choice.get("text") or "",
+            ids,
+            _chat_logprobs(choice.get("logprobs")),
+            choice.get("finish_reason"),
+            choice.get("stop_reason"),
+            usage,
+        )
+
+    def _read_sglang(
+        self, doc: dict[str, Any]
+    ) -> tuple[str, list[int], list[dict[str, Any]] | None, str | None, Any, dict[str, Any] | None]:
+        # /generate streams cumulatively: each chunk holds everything so far.
+        meta = doc.get("meta_info") or {}
+        all_ids = list(doc.get("output_ids") or ())
+        ids = all_ids[self._seen_ids :]
+        entries = meta.get("output_token_logprobs") or []
+        logprobs = [
+            {"token": f"token_id:{e[1]}", "logprob": e[0], "bytes": None, "top_logprobs": []}
+            for e in entries[self._seen_ids :]
+        ]
+        self._seen_ids = len(all_ids)
+        text = str(doc.get("text") or "")
+        new_text, self._seen_text = text[self._seen_text :], len(text)
+        reason = meta.get("finish_reason")
+        finish = reason.get("type") if isinstance(reason, dict) else None
+        stop = reason.get("matched") if isinstance(reason, dict) else None
+        usage = None
+        if finish is not None:
+            prompt = int(meta.get("prompt_tokens") or len(self.prompt_ids))
+            completion = int(meta.get("completion_tokens") or len(all_ids))
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+        return new_text, ids, logprobs, finish, stop, usage
+
+
+def _chat_logprobs(logprobs: Any) -> list[dict[str, Any]] | None:
+    """Completions logprobs (parallel lists) as chat `logprobs.content` entries."""
+    if not isinstance(logprobs, dict):
+        return None
+    tokens = logprobs.get("tokens") or []
+    values = logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or [None] * len(tokens)
+    return [
+        {
+            "token": t,
+            "logprob": v,
+            "bytes": list(str(t).encode()),
+            "top_logprobs": [
+                {"token": k, "logprob": p, "bytes": list(str(k).encode())}
+                for k, p in (top or {}).items()
+            ],
+        }
+        for t, v, top in zip(tokens, values, tops, strict=True)
+    ]

@@ -1,0 +1,284 @@
+"""Token-in mode removes real drift: the official SDKs, the real proxy, the real SmolLM2.
+
+The engine serves SmolLM2 behind a Qwen3-style template that drops earlier reasoning,
+re-serialises tool-call arguments and, like GLM-4.5-style templates, writes an empty
+`<think></think>` into every earlier assistant turn. Re-rendering the history therefore never
+reproduces what the model sampled: in normal mode every call after the first breaks the
+rollout's token chain. In token-in mode the proxy sends the earlier prompt, the sampled ids and
+the bridge instead, so the same tool-using conversation, through each dialect, streaming or
+not, is one segment whose ids are exactly the engine's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import numpy as np
+import openai
+import pytest
+
+from rolltap.engine.launch import EngineProcess
+from rolltap.proxy.server import RunningProxy
+from rolltap.store import Store
+from tests.support.chats import QWEN3_STYLE
+from tests.support.proxy import new_rollout, running_proxy
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+MODEL = "smollm-glm"
+CITIES = ("London", "Rome", "Oslo")
+COMPACT = '{{"name":"get_weather","arguments":{{"city":"{city}"}}}}'
+PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CHAT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather in a city",
+        "parameters": PARAMETERS,
+    },
+}
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the weather in a city",
+    "parameters": PARAMETERS,
+}
+MESSAGES_TOOL = {
+    "name": "get_weather",
+    "description": "Get the weather in a city",
+    "input_schema": PARAMETERS,
+}
+
+
+def few_shot() -> list[dict[str, str]]:
+    """Earlier turns in text in which the assistant wrote compact tool calls; the model copies
+    their style, which the template re-serialises."""
+    turns: list[dict[str, str]] = []
+    for city in CITIES:
+        turns += [
+            {"role": "user", "content": f"What is the weather in {city}?"},
+            {
+                "role": "assistant",
+                "content": f"<tool_call>\n{COMPACT.format(city=city)}\n</tool_call>",
+            },
+            {"role": "user", "content": "sunny"},
+            {"role": "assistant", "content": f"It is sunny in {city}."},
+        ]
+    return [*turns, {"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    template = tmp_path_factory.mktemp("template") / "glm_style.jinja"
+    template.write_text("{%- set empty_think = true %}" + QWEN3_STYLE.read_text())
+    started = EngineProcess.start(
+        extra_args=(
+            "--chat-template",
+            str(template),
+            "--reasoning-parser",
+            "think",
+            "--served-model-name",
+            MODEL,
+            "--default-max-tokens",
+            "48",
+        )
+    )
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store.sqlite'}"
+
+
+@dataclass
+class Rollout:
+    store: Store
+    proxy: RunningProxy
+    id: str
+    key: str
+
+    @property
+    def openai_url(self) -> str:
+        return f"{self.proxy.url}/r/{self.key}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"{self.proxy.url}/r/{self.key}"
+
+
+@pytest.fixture
+async def proxy(store: Store, engine: EngineProcess) -> AsyncIterator[RunningProxy]:
+    async with running_proxy(store, engine.url, reasoning_parser="qwen3") as running:
+        yield running
+
+
+async def rollout(store: Store, proxy: RunningProxy, token_in: bool) -> Rollout:
+    rollout_id, key = await new_rollout(store, task_id="t", meta={"token_in": token_in})
+    return Rollout(store, proxy, rollout_id, key)
+
+
+# -- one conversation per dialect: a tool call, its result, an answer, a second question -----
+
+
+async def chat_conversation(r: Rollout, stream: bool) -> list[tuple[str, list[str]]]:
+    """(text, tool call arguments) of each answer the client received."""
+    seen: list[tuple[str, list[str]]] = []
+    messages: list[dict[str, Any]] = list(few_shot())
+    calls: list[dict[str, Any]] = []
+    async with openai.AsyncOpenAI(base_url=r.openai_url, api_key="x") as client:
+        for then in ("Paris", "rainy", "Berlin"):
+            if then == "rainy":
+                messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": then})
+            elif then == "Berlin":
+                messages.append({"role": "user", "content": "What is the weather in Berlin?"})
+            params: dict[str, Any] = {
+                "model": MODEL,
+                "messages": messages,
+                "tools": [CHAT_TOOL],
+                "temperature": 0,
+            }
+            if stream:
+                text, calls = "", []
+                async for chunk in await client.chat.completions.create(**params, stream=True):
+                    delta = chunk.choices[0].delta if chunk.choices else None
+                    text += (delta.content or "") if delta else ""
+                    for call in (delta.tool_calls or []) if delta else []:
+                        assert call.function is not None
+                        calls.append(
+                            {
+                                "id": call.id,
+                                "type": "function",
+                                "function": {
+                                    "name": call.function.name,
+                                    "arguments": call.function.arguments,
+                                },
+                            }
+                        )
+            else:
+                reply = await client.chat.completions.create(**params)
+                message = reply.choices[0].message
+                text = message.content or ""
+                calls = [c.model_dump() for c in message.tool_calls or []]
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": text or None,
+                    **({"tool_calls": calls} if calls else {}),
+                }
+            )
+            seen.append((text, [c["function"]["arguments"] for c in calls]))
+    return seen
+
+
+async def responses_conversation(r: Rollout, stream: bool) -> list[tuple[str, list[str]]]:
+    seen: list[tuple[str, list[str]]] = []
+    items: list[Any] = list(few_shot())
+    call_ids: list[str] = []
+    async with openai.AsyncOpenAI(base_url=r.openai_url, api_key="x") as client:
+        for then in ("Paris", "rainy", "Berlin"):
+            if then == "rainy":
+                items.append(
+                    {"type": "function_call_output", "call_id": call_ids[0], "output": then}
+                )
+            elif then == "Berlin":
+                items.append({"role": "user", "content": "What is the weather in Berlin?"})
+            params: dict[str, Any] = {"model": MODEL, "input": items, "tools": [RESPONSES_TOOL]}
+            if stream:
+                async with client.responses.stream(**params, temperature=0) as events:
+                    response = await events.get_final_response()
+            else:
+                response = await client.responses.create(**params, temperature=0)
+            output = [item.model_dump(exclude_none=True) for item in response.output]
+            items += output
+            call_ids = [o["call_id"] for o in output if o["type"] == "function_call"]
+            arguments = [o["arguments"] for o in output if o["type"] == "function_call"]
+            seen.append((response.output_text, arguments))
+    return seen
+
+
+async def messages_conversation(r: Rollout, stream: bool) -> list[tuple[str, list[str]]]:
+    seen: list[tuple[str, list[str]]] = []
+    turns: list[dict[str, Any]] = list(few_shot())
+    use_ids: list[str] = []
+    async with anthropic.AsyncAnthropic(base_url=r.anthropic_url, api_key="x") as client:
+        for then in ("Paris", "rainy", "Berlin"):
+            if then == "rainy":
+                result = {"type": "tool_result", "tool_use_id": use_ids[0], "content": then}
+                turns.append({"role": "user", "content": [result]})
+            elif then == "Berlin":
+                turns.append({"role": "user", "content": "What is the weather in Berlin?"})
+            params: dict[str, Any] = {
+                "model": MODEL,
+                "max_tokens": 48,
+                "messages": turns,
+                "tools": [MESSAGES_TOOL],
+                "extra_body": {"temperature": 0},
+            }
+            if stream:
+                async with client.messages.stream(**params) as events:
+                    message = await events.get_final_message()
+            else:
+                message = await client.messages.create(**params)
+            blocks = [b.model_dump(exclude_none=True) for b in message.content]
+            turns.append({"role": "assistant", "content": blocks})
+            use_ids = [b["id"] for b in blocks if b["type"] == "tool_use"]
+            text = "".join(b["text"] for b in blocks if b["type"] == "text")
+            arguments = [json.dumps(b["input"]) for b in blocks if b["type"] == "tool_use"]
+            seen.append((text, arguments))
+    return seen
+
+
+CONVERSATIONS = {
+    "chat": chat_conversation,
+    "responses": responses_conversation,
+    "messages": messages_conversation,
+}
+
+
+async def segments(r: Rollout) -> list[tuple[str, ...]]:
+    built = await r.store.rollout_trajectories(r.id)
+    return [t.call_ids for t in built.trajectories]
+
+
+async def test_normal_mode_breaks_at_every_turn(store: Store, proxy: RunningProxy) -> None:
+    r = await rollout(store, proxy, token_in=False)
+    seen = await chat_conversation(r, stream=False)
+    assert seen[0][1]  # two tool turns
+    assert seen[2][1]
+    calls = [c.id for c in await store.calls(r.id)]
+    assert await segments(r) == [(c,) for c in calls]
+    assert [c.bridge for c in await store.calls(r.id)] == [None, None, None]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("dialect", sorted(CONVERSATIONS))
+async def test_token_in_keeps_one_segment_of_the_engines_ids(
+    store: Store, proxy: RunningProxy, dialect: str, stream: bool
+) -> None:
+    r = await rollout(store, proxy, token_in=True)
+    seen = await CONVERSATIONS[dialect](r, stream)
+
+    assert seen[0][1], seen  # the model called the tool twice
+    assert seen[2][1], seen
+    calls = await store.calls(r.id)
+    assert [c.bridge for c in calls] == ["first_turn", "bridged", "bridged"]
+    (one,) = (await r.store.rollout_trajectories(r.id)).trajectories
+    assert one.call_ids == tuple(c.id for c in calls)
+    last = await store.call_tokens(calls[-1].id)
+    engine_ids = np.concatenate([last.prompt_ids, last.choices[0].token_ids])
+    assert np.array_equal(np.concatenate([one.prompt_ids, one.response_ids]), engine_ids)
+    for before, after in itertools.pairwise(calls):
+        # Each prompt repeats the one before and everything the engine sampled for it.
+        b, a = await store.call_tokens(before.id), await store.call_tokens(after.id)
+        held = np.concatenate([b.prompt_ids, b.choices[0].token_ids])
+        assert np.array_equal(a.prompt_ids[: len(held)], held)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 import tempfile
 from collections.abc import AsyncIterator
@@ -125,6 +126,10 @@ async def egress_gate(
     (the proxy socket's, which sandboxes mount). What it reports is written to the store as it
     comes and, at the end, before this returns."""
     python = egress_python()
+    if not os.access(directory, os.W_OK):
+        raise EgressUnavailable(
+            f"the egress gate puts its socket beside the proxy's, and {directory} is not writable"
+        )
     with tempfile.TemporaryDirectory(prefix="rolltap-egress-") as private:
         private_dir = Path(private)
         private_dir.chmod(0o700)
@@ -157,8 +162,9 @@ async def egress_gate(
             try:
                 ca_cert = await asyncio.wait_for(gate._ready, START_TIMEOUT)
             except (EgressUnavailable, TimeoutError) as e:
-                tail = (private_dir / "gate.log").read_text(errors="replace")[-1500:]
-                raise EgressUnavailable(f"the egress gate did not start: {tail.strip()}") from e
+                lines = (private_dir / "gate.log").read_text(errors="replace").strip().splitlines()
+                last = lines[-1] if lines else str(e) or type(e).__name__
+                raise EgressUnavailable(f"the egress gate did not start: {last}") from e
             _write_bundle(Path(ca_cert), gate.bundle)
             flusher = asyncio.create_task(_flush_forever(gate, store))
             yield gate

@@ -175,6 +175,23 @@ async def test_a_gate_that_died_is_a_clear_error_and_the_run_still_closes(rig: R
     await rig.gate.revoke(rig.rollout_id)  # nothing to revoke: no error either
 
 
+async def test_a_gate_that_cannot_start_says_why_in_one_line(tmp_path: Path, store: Store) -> None:
+    require_gate()
+    directory = tmp_path / ("d" * 110)  # past what a unix socket's path may be
+    directory.mkdir()
+    settings = EgressSettings(mode=EgressMode.ALLOWLIST)
+    with pytest.raises(EgressUnavailable) as caught:
+        async with egress_gate(
+            settings, directory=directory, proxy_socket=directory / "proxy.sock", store=store
+        ):
+            pass
+    message = str(caught.value)
+    assert message.startswith("the egress gate did not start: ")
+    assert "path too long" in message
+    assert "\n" not in message
+    assert "Traceback" not in message
+
+
 async def _records(rig: Rig) -> list[EgressRecord]:
     # The gate reports as it goes; the runner flushes every FLUSH_EVERY seconds.
     for _ in range(50):

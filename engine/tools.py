@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,45 +91,59 @@ Piece = str | ToolCall
 
 
 class ToolCallStream:
-    """Splits text arriving in pieces into content strings and ToolCalls, in order."""
+    """Splits text arriving in pieces into content strings and ToolCalls, in order: calls are
+    blocks between `open` and `close` tags whose inside `parse` reads (hermes by default;
+    the proxy's token-in parsers give other formats their own)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        open_tag: str = OPEN,
+        close_tag: str = CLOSE,
+        parse: Callable[[str], ToolCall | None] = parse_block,
+    ) -> None:
         self._buffer = ""
         self._inside = False
+        self._open, self._close, self._parse = open_tag, close_tag, parse
 
     def push(self, text: str) -> list[Piece]:
         self._buffer += text
         pieces: list[Piece] = []
         while True:
             if self._inside:
-                end = self._buffer.find(CLOSE)
+                end = self._buffer.find(self._close)
                 if end < 0:
                     return pieces
-                pieces.append(_block(self._buffer[:end], closed=True))
-                self._buffer = self._buffer[end + len(CLOSE) :]
+                pieces.append(self._block(self._buffer[:end], closed=True))
+                self._buffer = self._buffer[end + len(self._close) :]
                 self._inside = False
             else:
-                start = self._buffer.find(OPEN)
+                start = self._buffer.find(self._open)
                 if start < 0:
-                    # Hold back a tail that could still become "<tool_call>".
-                    keep = partial_suffix(self._buffer, OPEN)
+                    # Hold back a tail that could still become the opening tag.
+                    keep = partial_suffix(self._buffer, self._open)
                     cut = len(self._buffer) - keep
                     _append_text(pieces, self._buffer[:cut])
                     self._buffer = self._buffer[cut:]
                     return pieces
                 _append_text(pieces, self._buffer[:start])
-                self._buffer = self._buffer[start + len(OPEN) :]
+                self._buffer = self._buffer[start + len(self._open) :]
                 self._inside = True
 
     def finish(self) -> list[Piece]:
         """End of output: an unclosed final block is still a call when its JSON is complete."""
         pieces: list[Piece] = []
         if self._inside:
-            pieces.append(_block(self._buffer, closed=False))
+            pieces.append(self._block(self._buffer, closed=False))
         else:
             _append_text(pieces, self._buffer)
         self._buffer, self._inside = "", False
         return pieces
+
+    def _block(self, body: str, closed: bool) -> Piece:
+        call = self._parse(body.strip())
+        if call is not None:
+            return call
+        return self._open + body + (self._close if closed else "")
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
@@ -140,13 +155,6 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     if calls and not content.strip():
         return None, calls
     return content or None, calls
-
-
-def _block(body: str, closed: bool) -> Piece:
-    call = parse_block(body.strip())
-    if call is not None:
-        return call
-    return OPEN + body + (CLOSE if closed else "")
 
 
 def _append_text(pieces: list[Piece], text: str) -> None:

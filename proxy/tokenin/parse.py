@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from rolltap.engine.reasoning import ReasoningStream
 from rolltap.engine.tools import ToolCall
-from rolltap.proxy.tokenin.toolparsers import TOOL_PARSERS, Piece
+from rolltap.proxy.tokenin.toolparsers import TOOL_PARSERS, ToolParser
 
 
 class ReasoningParser(Protocol):
@@ -23,12 +23,6 @@ class ReasoningParser(Protocol):
         ...
 
     def finish(self) -> tuple[str, str]: ...
-
-
-class ToolParser(Protocol):
-    def push(self, text: str) -> list[Piece]: ...
-
-    def finish(self) -> list[Piece]: ...
 
 
 class _DeepSeekR1:

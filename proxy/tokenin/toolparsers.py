@@ -1,23 +1,275 @@
 """Tool-call parsers for generated text, by vLLM's `--tool-call-parser` names.
 
-Each takes the request's tools (some formats need the parameter types) and splits text pushed
-piece by piece into content strings and `ToolCall`s, in order. Text that looks like a call but
-does not parse is handed back as content, verbatim.
+Each takes the request's tools (qwen3_coder needs the parameter types) and splits text pushed
+piece by piece into content strings and `ToolCall`s, in order; a whole call is emitted once it
+is complete. Text that looks like a call but does not parse is handed back as content,
+verbatim, as vLLM leaves it:
+
+- hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes 2 Pro, Qwen2.5,
+  Qwen3), any number, with content around them.
+- qwen3_coder: `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function>
+  </tool_call>`, values as raw text typed by the tool's JSON schema (Qwen3-Coder).
+- llama3_json: the whole answer is `{"name": ..., "parameters": {...}}` (Llama 3.1/3.2 JSON
+  tool calling), optionally after `<|python_tag|>`, several separated by `;`.
+- mistral: content, then `[TOOL_CALLS]` and either a JSON list of `{"name", "arguments"}`
+  (tokenizer versions before v11) or `NAME[ARGS]{...}` repeated (v11 and later).
 """
 
 from __future__ import annotations
 
+import json
+import secrets
+import string
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from rolltap.engine.tools import ToolCall, ToolCallStream
+from rolltap.engine.tools import ToolCall, ToolCallStream, parse_block, partial_suffix
 
 Piece = str | ToolCall
 
 
-def _hermes(tools: list[dict[str, Any]]) -> ToolCallStream:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen2.5, Qwen3)."""
-    return ToolCallStream()
+class ToolParser(Protocol):
+    def push(self, text: str) -> list[Piece]: ...
+
+    def finish(self) -> list[Piece]: ...
 
 
-TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]]], Any]] = {"hermes": _hermes}
+def _call(name: str, arguments: dict[str, Any], call_id: str | None = None) -> ToolCall:
+    return ToolCall(
+        id=call_id or f"call_{uuid.uuid4().hex[:24]}",
+        name=name,
+        arguments=json.dumps(arguments, ensure_ascii=False),
+    )
+
+
+# -- qwen3_coder ---------------------------------------------------------------------------------
+
+
+def _schema_types(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Tool name -> its parameters' JSON schemas."""
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        parameters = function.get("parameters") or {}
+        props = parameters.get("properties") if isinstance(parameters, dict) else None
+        out[function["name"]] = props if isinstance(props, dict) else {}
+    return out
+
+
+def _typed(value: str, schema: Any) -> Any:
+    """A parameter's raw text as its schema's type; text that is not that type stays text."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string":
+        return value
+    if value.lower() == "null":
+        return None
+    if kind == "integer":
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    if kind == "number":
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() and "." not in value else number
+    if kind == "boolean":
+        lowered = value.lower()
+        return lowered == "true" if lowered in ("true", "false") else value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _qwen3_coder_block(types: dict[str, dict[str, Any]]) -> Callable[[str], ToolCall | None]:
+    def parse(body: str) -> ToolCall | None:
+        if not body.startswith("<function=") or not body.endswith("</function>"):
+            return None
+        head, _, rest = body[len("<function=") : -len("</function>")].partition(">")
+        name = head.strip()
+        if not name:
+            return None
+        schemas = types.get(name, {})
+        arguments: dict[str, Any] = {}
+        rest = rest.strip()
+        while rest:
+            if not rest.startswith("<parameter="):
+                return None
+            key, found, after = rest[len("<parameter=") :].partition(">")
+            value, closed, rest = after.partition("</parameter>")
+            if not found or not closed or not key.strip():
+                return None
+            # The template writes each value between newlines; those are not the value.
+            value = value.removeprefix("\n").removesuffix("\n")
+            arguments[key.strip()] = _typed(value, schemas.get(key.strip()))
+            rest = rest.strip()
+        return _call(name, arguments)
+
+    return parse
+
+
+def _qwen3_coder(tools: list[dict[str, Any]]) -> ToolParser:
+    return ToolCallStream(parse=_qwen3_coder_block(_schema_types(tools)))
+
+
+def _hermes(tools: list[dict[str, Any]]) -> ToolParser:
+    return ToolCallStream(parse=parse_block)
+
+
+# -- llama3_json ---------------------------------------------------------------------------------
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+class _Llama3Json:
+    """An answer that opens with `{` (or the python tag) is held whole and read as calls at the
+    end; any other answer is content as it arrives."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._mode: str | None = None  # None: undecided; "content"; "calls"
+
+    def push(self, text: str) -> list[Piece]:
+        if self._mode == "content":
+            return [text] if text else []
+        self._buffer += text
+        if self._mode == "calls":
+            return []
+        head = self._buffer.lstrip()
+        if not head or _PYTHON_TAG.startswith(head):
+            return []
+        self._mode = "calls" if head.startswith(("{", _PYTHON_TAG)) else "content"
+        if self._mode == "calls":
+            return []
+        out, self._buffer = self._buffer, ""
+        return [out]
+
+    def finish(self) -> list[Piece]:
+        text, self._buffer = self._buffer, ""
+        if self._mode != "calls":
+            return [text] if text else []
+        calls = _llama3_calls(text.strip().removeprefix(_PYTHON_TAG))
+        return list(calls) if calls else [text]
+
+
+def _llama3_calls(text: str) -> list[ToolCall] | None:
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    rest = text.strip()
+    while rest:
+        try:
+            value, end = decoder.raw_decode(rest)
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return None
+        arguments = value.get("parameters", value.get("arguments", {}))
+        if not isinstance(arguments, dict):
+            return None
+        calls.append(_call(value["name"], arguments))
+        rest = rest[end:].strip()
+        if rest.startswith(";"):
+            rest = rest[1:].strip()
+        elif rest:
+            return None
+    return calls or None
+
+
+def _llama3_json(tools: list[dict[str, Any]]) -> ToolParser:
+    return _Llama3Json()
+
+
+# -- mistral -------------------------------------------------------------------------------------
+
+_TOOL_CALLS = "[TOOL_CALLS]"
+_ARGS = "[ARGS]"
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def _mistral_id() -> str:
+    """Mistral's tool-call ids: nine letters and digits (its templates refuse others)."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
+
+
+class _Mistral:
+    """Content up to `[TOOL_CALLS]`; from there to the end, calls read at the end."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._calls = False
+
+    def push(self, text: str) -> list[Piece]:
+        self._buffer += text
+        if self._calls:
+            return []
+        at = self._buffer.find(_TOOL_CALLS)
+        if at >= 0:
+            out, self._buffer = self._buffer[:at], self._buffer[at + len(_TOOL_CALLS) :]
+            self._calls = True
+            return [out] if out else []
+        cut = len(self._buffer) - partial_suffix(self._buffer, _TOOL_CALLS)
+        out, self._buffer = self._buffer[:cut], self._buffer[cut:]
+        return [out] if out else []
+
+    def finish(self) -> list[Piece]:
+        text, self._buffer = self._buffer, ""
+        if not self._calls:
+            return [text] if text else []
+        calls = _mistral_calls(text)
+        return list(calls) if calls else [_TOOL_CALLS + text]
+
+
+def _mistral_calls(text: str) -> list[ToolCall] | None:
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(value, list) or not value:
+            return None
+        calls = []
+        for entry in value:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                return None
+            arguments = entry.get("arguments", {})
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    return None
+            if not isinstance(arguments, dict):
+                return None
+            calls.append(_call(entry["name"], arguments, _mistral_id()))
+        return calls
+    calls = []
+    decoder = json.JSONDecoder()
+    for part in (p for p in text.split(_TOOL_CALLS) if p.strip()):
+        name, found, rest = part.partition(_ARGS)
+        try:
+            arguments, end = decoder.raw_decode(rest.strip())
+        except ValueError:
+            return None
+        if not found or not name.strip() or not isinstance(arguments, dict):
+            return None
+        if rest.strip()[end:].strip():
+            return None
+        calls.append(_call(name.strip(), arguments, _mistral_id()))
+    return calls or None
+
+
+def _mistral(tools: list[dict[str, Any]]) -> ToolParser:
+    return _Mistral()
+
+
+TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]]], ToolParser]] = {
+    "hermes": _hermes,
+    "qwen3_coder": _qwen3_coder,
+    "llama3_json": _llama3_json,
+    "mistral": _mistral,
+}

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from rolltap.cli.main import cli
-from rolltap.store import CallStatus, NewRollout, Store
+from rolltap.store import CallStatus, EgressRecord, EgressVerdict, NewRollout, Store
+from rolltap.store.ids import new_id
 from tests.support.records import call
 
 ROLLOUT_FIELDS = [
@@ -146,3 +148,46 @@ def test_show_json_is_one_document_with_calls_integrity_and_segments(tmp_path: P
     # The terminal view says the same about the chain and the refused call.
     assert "intact" in text.output
     assert "refused  seq 3 (403) budget spent" in text.output
+
+
+def test_show_lists_egress_requests_in_text_and_json(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+
+    async def make() -> str:
+        async with await Store.connect(url) as store:
+            rollout = (await store.create_rollout(NewRollout(task_id="online"))).id
+            at = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+            later, last = at + timedelta(seconds=1), at + timedelta(seconds=2)
+            await store.record_egress(
+                [
+                    EgressRecord(
+                        new_id(), rollout, at, "GET", "pypi.org", "/simple/numpy/", 200, 0, 4096,
+                        EgressVerdict.ALLOWED, "on the allow-list",
+                    ),
+                    EgressRecord(
+                        new_id(), rollout, later, "POST", "api.openai.com", "/v1/responses", 200,
+                        900, 5000, EgressVerdict.INTERCEPTED, "LLM API host",
+                    ),
+                    EgressRecord(
+                        new_id(), rollout, last, "GET", "github.com", "/x/y", 403, 0, 80,
+                        EgressVerdict.DENIED, "github.com is not on this rollout's allow-list",
+                    ),
+                ]
+            )  # fmt: skip
+            return rollout
+
+    rollout = asyncio.run(make())
+    text = CliRunner().invoke(cli, ["show", rollout, "--db", url], terminal_width=200)
+    document = json.loads(CliRunner().invoke(cli, ["show", rollout, "--json", "--db", url]).output)
+
+    assert text.exit_code == 0, text.output
+    assert "egress  3 requests, 1 denied" in text.output
+    assert "github.com is not on this rollout's allow-list" in text.output
+    assert [e["verdict"] for e in document["egress"]] == ["allowed", "intercepted", "denied"]
+    assert document["egress"][1] == {
+        **document["egress"][1],
+        "host": "api.openai.com",
+        "request_bytes": 900,
+        "response_bytes": 5000,
+        "at": "2026-11-23T12:00:01+00:00",
+    }

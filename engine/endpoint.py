@@ -45,7 +45,10 @@ def ready_engine(request: web.Request) -> Engine:
 
 def check_model(engine: Engine, model: str | None) -> None:
     if model is not None and model != engine.name:
-        raise NotFound(f"The model `{model}` does not exist.", param="model")
+        # vLLM's words, then what is served: the fix is usually a copy of it.
+        raise NotFound(
+            f"The model `{model}` does not exist. Served: `{engine.name}`.", param="model"
+        )
 
 
 async def read_json(request: web.Request) -> Any:

@@ -28,6 +28,12 @@ from rolltap.engine.errors import EngineStartError
 
 _TAIL_CHARS = 4000
 
+ANSWER_LIMITS = ("--default-max-tokens=256", "--max-tokens-cap=512")
+"""What `rolltap serve`, `run` and `demo` give the built-in engine before the user's own
+--engine-arg (the last of a flag wins): its default model is 135M parameters on a CPU, where an
+unbounded answer rambles for minutes and a harness times out. A request's own max_tokens up to
+the cap still applies."""
+
 
 @dataclass
 class EngineProcess:
@@ -67,7 +73,9 @@ class EngineProcess:
         ready = workdir / "ready.json"
         log_path = workdir / "engine.log"
         lifeline_read, lifeline_write = os.pipe()
-        args = [sys.executable, "-m", "rolltap.engine"]
+        # -P: `python -m` would put the working directory first on sys.path, and a folder named
+        # `rolltap` there (the parent of a clone) would shadow the installed package.
+        args = [sys.executable, "-P", "-m", "rolltap.engine"]
         if model is not None:
             args.append(model)
         args += ["--device", device, "--port", str(port), "--host", host]

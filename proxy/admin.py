@@ -22,7 +22,7 @@ from rolltap.proxy import replicated
 from rolltap.proxy.backends import parse_backend
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, NotFoundError, ProxyError, Unauthorized
-from rolltap.store import NewRollout, NotFound, RolloutView
+from rolltap.store import NewRollout, NotFound, RolloutStatus, RolloutView
 from rolltap.store.export import rollout_dict
 from rolltap.store.store import FINAL_STATUSES
 
@@ -38,6 +38,7 @@ _NEW_ROLLOUT_FIELDS = {
     "meta": dict,
 }
 _UPDATE_FIELDS = {"status", "reward", "reward_details", "error", "meta"}
+_STATUSES = [s.value for s in RolloutStatus]
 ADMIN_PATHS = ("/admin", "/v1/weights", "/v1/batches")
 """Path prefixes that need the admin token; the rest of /v1 takes rollout keys."""
 
@@ -175,6 +176,8 @@ async def update_rollout(request: web.Request) -> web.Response:
     unknown = set(body) - _UPDATE_FIELDS
     if unknown:
         raise BadRequest(f"cannot update {sorted(unknown)}")
+    if "status" in body and body["status"] not in _STATUSES:
+        raise BadRequest(f"status {body['status']!r} is not one of {', '.join(_STATUSES)}")
     try:
         await ctx.store.update_rollout(rollout_id, **body)
     except NotFound:

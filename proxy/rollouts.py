@@ -144,7 +144,11 @@ class Rollouts:
         if view is None and self._open_mode and create:
             view = await self._create(key)
         if view is None:
-            raise Unauthorized("unknown rollout key", code="invalid_api_key")
+            raise Unauthorized(
+                "unknown rollout key: use the key POST /admin/rollouts returned, or start "
+                "`rolltap serve --open` to make a rollout for any key (local experiments)",
+                code="invalid_api_key",
+            )
         counted = view.n_calls - view.n_rejected
         # Concurrent first requests of a rollout each read it: they must share one state (one
         # budget), so take the one another request stored meanwhile.

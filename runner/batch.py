@@ -4,7 +4,8 @@
                                             sandbox="bwrap", samples=4, concurrency=8)
 
 Rerunning the same batch (same name, or the same tasks, harness, model and sandbox) resumes
-it: finished rollouts are kept, unfinished ones get a new attempt.
+it: finished rollouts are kept, unfinished ones get a new attempt; a rerun with other settings
+that change the outcome is refused (runner/settings.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from rolltap.runner.rollout import (
 )
 from rolltap.runner.sandboxes.base import SandboxProvider
 from rolltap.runner.sandboxes.kinds import make_provider
+from rolltap.runner.settings import BatchSettings
 from rolltap.runner.summary import BatchSummary, current_attempts, summarize
 from rolltap.runner.tasks import Task, load_tasks
 from rolltap.store import Store
@@ -95,6 +97,7 @@ async def run_batch(
     proxy_socket: Path | None = None,
     engine_model: str | None = None,
     engine_args: Sequence[str] = (),
+    max_tokens_cap: int | None = None,
     sandbox_image: str | None = None,
     logs_root: Path | None = None,
     progress: BatchProgress | None = None,
@@ -144,6 +147,7 @@ async def run_batch(
                 socket=proxy_socket,
                 engine_model=engine_model,
                 engine_args=engine_args,
+                max_tokens_cap=max_tokens_cap,
                 needs_model=not builtin and (replay is None or replay.goes_live),
                 replay=replay,
                 say=say,
@@ -159,6 +163,20 @@ async def run_batch(
             say(f"egress: {egress.mode.value}, allow-list {', '.join(egress.allow) or '(empty)'}")
         source = tasks if isinstance(tasks, str | Path) else ",".join(t.id for t in loaded)
         batch_id = batch or default_batch_id(source, adapter_.name, host.model, kind, samples)
+        outcome = BatchSettings.of(
+            harness=adapter_.name,
+            model=host.model,
+            backends=backends,
+            engine_model=engine_model,
+            engine_args=engine_args,
+            sandbox=kind,
+            sandbox_image=sandbox_image,
+            max_calls=max_calls,
+            max_tokens=max_tokens,
+            max_tokens_cap=max_tokens_cap,
+            max_steps=max_steps,
+            timeout=timeout,
+        )
         todo, kept = await plan(
             store,
             batch_id,
@@ -168,6 +186,7 @@ async def run_batch(
             model=host.model,
             budget=Budget(max_calls, max_tokens),
             meta={**(meta or {}), "sandbox": kind},
+            settings=outcome,
         )
         if kept:
             say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")

@@ -53,11 +53,13 @@ async def proxy_host(
     socket: Path | None = None,
     engine_model: str | None = None,
     engine_args: Sequence[str] = (),
+    max_tokens_cap: int | None = None,
     needs_model: bool = True,
     replay: Cassette | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> AsyncIterator[ProxyHost]:
-    """`socket` given: use that running proxy (it must share this store's database).
+    """`socket` given: use that running proxy (it must share this store's database). The
+    built-in engine starts with engine.launch.ANSWER_LIMITS, then `engine_args`.
 
     `needs_model=False` with no backends: a proxy that serves no model, for a harness that makes no
     LLM call (the oracle); a call it makes anyway is refused and recorded. `replay`: the proxy
@@ -75,10 +77,11 @@ async def proxy_host(
         if not urls and not needs_model:
             model = model or "none"
         elif not urls:
-            from rolltap.engine.launch import EngineProcess
+            from rolltap.engine.launch import ANSWER_LIMITS, EngineProcess
 
             say("starting the built-in engine (loads the model once)...")
-            engine = await EngineProcess.astart(engine_model, extra_args=engine_args)
+            args = (*ANSWER_LIMITS, *engine_args)
+            engine = await EngineProcess.astart(engine_model, extra_args=args)
             stack.push_async_callback(asyncio.to_thread, engine.stop)
             urls = [engine.url]
             model = model or engine.model
@@ -86,7 +89,11 @@ async def proxy_host(
         sock = tmp / "proxy.sock"
         group = sandbox_user().gid
         settings = ProxySettings(
-            backends=urls, port=0, unix_socket=str(sock), unix_socket_group=group
+            backends=urls,
+            port=0,
+            unix_socket=str(sock),
+            unix_socket_group=group,
+            max_tokens_cap=max_tokens_cap,
         )
         proxy = await start_proxy(settings, store)
         proxy.ctx.replay = replay

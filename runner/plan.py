@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rolltap.runner.settings import BatchSettings, check_resumable
 from rolltap.runner.tasks import Task
 from rolltap.store import NewRollout, RolloutStatus, RolloutView, Store
 
@@ -50,10 +51,18 @@ async def plan(
     model: str | None,
     budget: Budget,
     meta: dict[str, Any],
+    settings: BatchSettings | None = None,
 ) -> tuple[list[Planned], list[RolloutView]]:
-    """(rollouts to run, finished rollouts kept from an earlier run)."""
+    """(rollouts to run, finished rollouts kept from an earlier run).
+
+    `settings`: recorded on each new rollout; a batch whose rollouts ran with others is refused
+    (BatchSettingsChanged) before anything is created."""
     latest: dict[tuple[str, int], RolloutView] = {}
-    for view in await store.rollouts(batch=batch_id, oldest_first=True):
+    existing = await store.rollouts(batch=batch_id, oldest_first=True)
+    if settings is not None:
+        check_resumable(batch_id, settings, (view.meta for view in existing))
+        meta = {**meta, "settings": settings.as_meta()}
+    for view in existing:
         if view.task_id is None or view.sample_index is None:
             continue
         slot = (view.task_id, view.sample_index)

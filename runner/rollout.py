@@ -150,6 +150,10 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
     for tries in range(shared.retries + 1):
         try:
             return await _attempt(shared, current)
+        except asyncio.CancelledError:
+            # The batch was stopped (Ctrl-C, a cancelled service batch): never leave `running`.
+            await _mark_interrupted(shared, current)
+            raise
         except InfraFailure as failure:
             log.warning("rollout %s: infrastructure failure: %s", current.rollout_id, failure)
             if tries == shared.retries:
@@ -158,6 +162,14 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
                 # Its calls are recorded: a fresh attempt keeps them apart from the retry's.
                 current = await _next_attempt(shared, current, str(failure))
     raise AssertionError("unreachable")
+
+
+async def _mark_interrupted(shared: Shared, planned: Planned) -> None:
+    view = await shared.store.rollout(planned.rollout_id)
+    if view.status in (RolloutStatus.PENDING, RolloutStatus.RUNNING):
+        await shared.store.update_rollout(
+            planned.rollout_id, status=RolloutStatus.CANCELLED, error="interrupted"
+        )
 
 
 async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:

@@ -67,7 +67,11 @@ def open_database(url: DatabaseURL, *, read_only: bool = False) -> Database:
         return _read_only(url)
     if url.is_sqlite:
         path = url.sqlite_path
-        if not path.parent.exists():
+        if not path.parent.is_dir():
+            if not url.embedded:
+                raise DatabaseUnavailable(
+                    f"cannot create the store {path}: {path.parent} is not a directory"
+                )
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
@@ -97,7 +101,10 @@ def open_database(url: DatabaseURL, *, read_only: bool = False) -> Database:
 def _read_only(url: DatabaseURL) -> Database:
     if url.is_sqlite:
         if not url.sqlite_path.is_file():
-            raise DatabaseUnavailable(f"no store at {url.sqlite_path}")
+            raise DatabaseUnavailable(
+                f"no rolltap store at {url.sqlite_path} (`rolltap run`, `serve`, `demo` or "
+                "`db upgrade` creates one)"
+            )
         engine = create_async_engine(
             url.url, pool_size=8, max_overflow=2, connect_args={"timeout": 30}
         )

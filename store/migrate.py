@@ -75,7 +75,9 @@ async def check_schema(db: Database) -> None:
         return
     _refuse_unknown(db, current)
     if current is None:
-        raise SchemaOutOfDate(f"{db.url.render()} holds no rolltap store")
+        raise SchemaOutOfDate(
+            f"{db.url.render()} holds no rolltap store (`rolltap db upgrade` creates one)"
+        )
     raise SchemaOutOfDate(
         f"the store at {db.url.render()} is at revision {current}, not {head}; "
         "run `rolltap db upgrade` first"

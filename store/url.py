@@ -15,6 +15,7 @@ _SUPPORTED = "sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql+asyncpg://USE
 
 
 _SYNCHRONOUS = ("normal", "full")
+_SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class DatabaseURL:
     sqlite_synchronous: str = "normal"
     """WAL + NORMAL keeps every acknowledged commit across a crash of the process; FULL
     (`?synchronous=full` on the URL) also across power loss, at an fsync per commit."""
+    embedded: bool = False
+    """The default SQLite file in the user's data directory, whose folder rolltap may create;
+    for a path the user named, a missing folder is a mistake to report, not to paper over."""
 
     @property
     def is_sqlite(self) -> bool:
@@ -46,15 +50,28 @@ def default_sqlite_path() -> Path:
 def resolve_url(raw: str | None) -> DatabaseURL:
     """Turn a flag/env value into an async URL; None or "" selects the embedded default."""
     if not raw:
-        return _sqlite(default_sqlite_path())
+        return _sqlite(default_sqlite_path(), embedded=True)
     if "://" not in raw:
-        # A bare path is the friendliest way to name a SQLite file.
-        return _sqlite(Path(raw).expanduser())
+        # A bare path is the friendliest way to name a SQLite file, but a typo must not become
+        # a new database: only an existing file or a SQLite-looking name is taken as one.
+        path = Path(raw).expanduser()
+        if not path.exists() and path.suffix not in _SQLITE_SUFFIXES:
+            raise BadDatabaseURL(
+                f"{raw!r} is not a database URL; expected one of {_SUPPORTED} "
+                f"(or a path ending in {', '.join(_SQLITE_SUFFIXES)})"
+            )
+        return _sqlite(path)
     try:
         url = make_url(raw)
     except ArgumentError as e:
         raise BadDatabaseURL(f"malformed database URL ({e}); expected one of {_SUPPORTED}") from e
-    backend, driver = url.get_backend_name(), url.get_driver_name()
+    backend = url.get_backend_name()
+    if backend not in ("sqlite", "postgresql", "postgres"):
+        raise BadDatabaseURL(
+            f"unsupported database {backend!r} in {url.render_as_string()}; "
+            f"expected one of {_SUPPORTED}"
+        )
+    driver = url.get_driver_name()
     if backend == "sqlite":
         if driver not in ("pysqlite", "aiosqlite"):
             raise BadDatabaseURL(f"unsupported SQLite driver {driver!r}; use sqlite+aiosqlite://")
@@ -74,15 +91,12 @@ def resolve_url(raw: str | None) -> DatabaseURL:
             )
         if not url.database:
             raise BadDatabaseURL(f"the URL {url.render_as_string()} names no database")
-        return DatabaseURL(url.set(drivername="postgresql+asyncpg"))
-    raise BadDatabaseURL(
-        f"unsupported database {backend!r} in {url.render_as_string()}; "
-        f"expected one of {_SUPPORTED}"
-    )
+    return DatabaseURL(url.set(drivername="postgresql+asyncpg"))
 
 
-def _sqlite(path: Path, synchronous: str = "normal") -> DatabaseURL:
+def _sqlite(path: Path, synchronous: str = "normal", *, embedded: bool = False) -> DatabaseURL:
     path = path.absolute()
     if path.exists() and path.is_dir():
         raise BadDatabaseURL(f"{path} is a directory; give the path of a SQLite file")
-    return DatabaseURL(URL.create("sqlite+aiosqlite", database=str(path)), synchronous)
+    url = URL.create("sqlite+aiosqlite", database=str(path))
+    return DatabaseURL(url, synchronous, embedded)

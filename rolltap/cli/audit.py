@@ -63,7 +63,7 @@ def verify(
             sys.exit(1)
         return
     failed = 0
-    with open_store(db_url) as store:
+    with open_store(db_url, read_only=True) as store:
         ids = (
             [rollout_id]
             if rollout_id is not None
@@ -94,7 +94,7 @@ def _verify_export(console: Console, db_url: str | None, checked: signature.Sign
         f"  signature {state}"
     )
     problems = list(checked.problems)
-    with open_store(db_url) as store:
+    with open_store(db_url, read_only=True) as store:
         for entry in manifest.get("rollouts", []):
             problems += _against_store(console, store, entry)
     for problem in problems:

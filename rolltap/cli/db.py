@@ -39,7 +39,8 @@ def upgrade(db_url: str | None) -> None:
 @db_option
 def current(db_url: str | None) -> None:
     """Print the database's revision and whether it is the newest."""
-    revision, head = _with_database(db_url, migrate.current_revision), migrate.head_revision()
+    revision = _with_database(db_url, migrate.current_revision, read_only=True)
+    head = migrate.head_revision()
     state = "head" if revision == head else f"behind head {head}" if revision else "empty"
     click.echo(f"{revision or '-'} ({state})")
 
@@ -61,9 +62,11 @@ def check(db_url: str | None) -> None:
     click.echo("models and migrations agree")
 
 
-def _with_database(db_url: str | None, fn: Callable[[Database], Awaitable[T]]) -> T:
+def _with_database(
+    db_url: str | None, fn: Callable[[Database], Awaitable[T]], *, read_only: bool = False
+) -> T:
     async def run() -> T:
-        database = open_database(resolve_url(db_url))
+        database = open_database(resolve_url(db_url), read_only=read_only)
         try:
             return await fn(database)
         except (DBAPIError, OSError) as e:

@@ -20,7 +20,34 @@ from rolltap.store.detokenizer import HFDetokenizer
 from rolltap.store.export import open_writer, write_all
 from rolltap.store.signature import sign
 
-_SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
+_SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "atif": ".json"}
+_DEFAULT_OUT = {"parquet": "trajectories.parquet", "jsonl": "trajectories.jsonl"}
+
+
+def _format_and_out(fmt: str | None, out: Path | None) -> tuple[str, Path]:
+    """The format (given, else from --out's suffix) and the output path, refusing a suffix that
+    names another format and a folder that does not exist before anything is read."""
+    by_suffix = {suffix: name for name, suffix in _SUFFIX.items()}
+    suffix = out.suffix if out is not None else ""
+    if fmt is None:
+        if suffix and suffix not in by_suffix:
+            raise click.ClickException(
+                f"--out {out}: rolltap writes {', '.join(by_suffix)} (or an ATIF directory); "
+                "give one of those suffixes or --format"
+            )
+        fmt = by_suffix.get(suffix, "parquet")
+    elif suffix and suffix != _SUFFIX[fmt]:
+        raise click.ClickException(f"--out {out} does not end in {_SUFFIX[fmt]} (--format {fmt})")
+    out = out or Path(_DEFAULT_OUT.get(fmt, "trajectories-atif"))
+    if not out.absolute().parent.is_dir():
+        raise click.ClickException(f"--out {out}: {out.absolute().parent} is not a directory")
+    return fmt, out
+
+
+def _filters(batch: str | None, status: str | None, rollouts: tuple[str, ...]) -> str:
+    given = [("--batch", batch), ("--status", status), *(("--rollout", r) for r in rollouts)]
+    named = " ".join(f"{flag} {value}" for flag, value in given if value is not None)
+    return named or "(the store holds none)"
 
 
 @click.command()
@@ -64,21 +91,19 @@ def export(
     """Write every segment of the selected rollouts as one trajectory row (prompt_ids,
     response_ids, loss_mask, logprobs, reward, links and drift), or each rollout as an ATIF
     trajectory."""
-    if fmt is None:
-        suffix = out.suffix if out is not None else ""
-        fmt = {".jsonl": "jsonl", ".json": "atif"}.get(suffix, "parquet")
+    fmt, out = _format_and_out(fmt, out)
     selected = list(rollouts) or None
-    with open_store(db_url) as store:
+    with open_store(db_url, read_only=True) as store:
         views = store.rollouts(batch=batch, status=status, ids=selected, oldest_first=True)
+        if not views:
+            raise click.ClickException(f"no rollouts match {_filters(batch, status, rollouts)}")
         if sign_export:
             # Sign only what verifies: a signature must never vouch for an altered record.
             key = signing_key(db_url, secret, create=True)
             chains = _verified_chains(store, views)
         if fmt == "atif":
-            out = out or Path("trajectories-atif")
             _export_atif(store, views, out)
         else:
-            out = out or Path("trajectories" + _SUFFIX[fmt])
             _export_rows(store, fmt, out, batch, status, selected, tokenizer)
     if sign_export:
         click.echo(f"signed: {sign(out, fmt, views, chains, key)}")

@@ -33,16 +33,17 @@ def ls(
     db_url: str | None, batch: str | None, status: str | None, limit: int, as_json: bool
 ) -> None:
     """List rollouts, newest first."""
-    with open_store(db_url) as store:
+    with open_store(db_url, read_only=True) as store:
         rollouts = store.rollouts(batch=batch, status=status, limit=limit)
+    if not rollouts:
+        # On stderr: --json output stays valid (empty) JSON Lines.
+        click.echo(_nothing_matches(batch, status), err=True)
+        return
     if as_json:
         for r in rollouts:
             click.echo(json.dumps(r.as_dict(), ensure_ascii=False))
         return
     console = _console()
-    if not rollouts:
-        console.print("no rollouts yet")
-        return
     table = Table(box=None, header_style="bold")
     for column in ("rollout", "created", "status", "reward", "calls", "tokens", "batch", "task"):
         numeric = column in ("reward", "calls", "tokens")
@@ -75,7 +76,7 @@ def ls(
 def show(db_url: str | None, rollout_id: str, tokenizer: Path | None, as_json: bool) -> None:
     """Show one rollout, its calls one line each, then its segments and where the chain broke."""
     detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
-    with open_store(db_url) as store:
+    with open_store(db_url, read_only=True) as store:
         if as_json:
             document = store.run(rollout_document(store.store, rollout_id, detokenizer=detokenizer))
             click.echo(json.dumps(document, ensure_ascii=False))
@@ -174,6 +175,11 @@ def _render(console: Console, store: StoreReader, r: RolloutView, calls: list[Ca
             "; ".join(notes)[:80],
         )
     console.print(table)
+
+
+def _nothing_matches(batch: str | None, status: str | None) -> str:
+    filters = [f"--{k} {v}" for k, v in (("batch", batch), ("status", status)) if v is not None]
+    return f"no rollouts match {' '.join(filters)}" if filters else "no rollouts yet"
 
 
 def _console() -> Console:

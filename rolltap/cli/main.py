@@ -20,6 +20,7 @@ from rolltap.engine.errors import EngineStartError
 from rolltap.runner.egress.errors import EgressError
 from rolltap.runner.harnesses.errors import HarnessError
 from rolltap.runner.sandboxes.errors import SandboxUnavailable
+from rolltap.runner.settings import BatchSettingsChanged
 from rolltap.runner.tasks import TaskFormatError
 from rolltap.store.errors import StoreError
 
@@ -31,6 +32,7 @@ _USER_ERRORS = (
     SandboxUnavailable,
     TaskFormatError,
     EgressError,
+    BatchSettingsChanged,
 )
 
 

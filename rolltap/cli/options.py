@@ -21,3 +21,39 @@ def db_option(f: F) -> F:
         help="Database URL (sqlite:///PATH or postgresql+asyncpg://...). "
         "Default: a SQLite file in your user data directory.",
     )(f)
+
+
+def engine_arg_option(f: F) -> F:
+    return click.option(
+        "--engine-arg",
+        "engine_args",
+        multiple=True,
+        metavar="ARG",
+        help="Built-in engine: a flag of `rolltap model serve` (repeatable), after rolltap's "
+        "defaults for it (--default-max-tokens=256 --max-tokens-cap=512), so it overrides them: "
+        "--engine-arg=--max-tokens-cap=2048.",
+    )(f)
+
+
+def max_tokens_cap_option(f: F) -> F:
+    return click.option(
+        "--max-tokens-cap",
+        type=click.IntRange(min=1),
+        envvar="ROLLTAP_MAX_TOKENS_CAP",
+        help="The proxy lowers any call's max_tokens to this (recorded on the call), "
+        "whatever the backend.",
+    )(f)
+
+
+def checked_backends(values: tuple[str, ...]) -> list[str]:
+    """--backend values (each may hold several, space-separated, as ROLLTAP_BACKENDS does),
+    refused with one line before anything starts when one is not `[KIND=]URL`."""
+    from rolltap.proxy.backends import parse_backend
+
+    specs = [spec for value in values for spec in value.split()]
+    for spec in specs:
+        try:
+            parse_backend(spec)
+        except ValueError as e:
+            raise click.ClickException(f"--backend {spec}: {e}") from None
+    return specs

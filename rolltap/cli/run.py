@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from collections.abc import Callable, Coroutine
@@ -14,12 +15,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from rolltap.cli.options import db_option
+from rolltap.cli.options import (
+    checked_backends,
+    db_option,
+    engine_arg_option,
+    max_tokens_cap_option,
+)
 from rolltap.runner import BatchProgress, BatchResult, BatchSummary, run_batch
 from rolltap.runner.harnesses import adapters, builtins
 from rolltap.runner.harnesses.oracle import NAME as ORACLE
 from rolltap.runner.harnesses.oracle import failed_oracle
 from rolltap.runner.sandboxes.kinds import KINDS
+from rolltap.runner.tasks import Task, load_tasks
 
 T = TypeVar("T")
 DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
@@ -27,6 +34,14 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 
 @click.command()
 @click.argument("tasks", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "-t",
+    "--task",
+    "task_ids",
+    multiple=True,
+    metavar="ID",
+    help="Only this task of TASKS (repeatable).",
+)
 @click.option(
     "--harness",
     default="mini-swe-agent",
@@ -68,10 +83,12 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 @click.option("--retries", default=2, show_default=True, help="Retries of infrastructure failures.")
 @click.option(
     "--proxy-socket",
-    type=click.Path(path_type=Path),
-    help="Use a running proxy's unix socket (same --db) instead of starting one.",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Use a running proxy's unix socket (same --db) instead of starting one; needs --model.",
 )
 @click.option("--engine-model", help="Built-in engine: a model dir or GGUF file.")
+@engine_arg_option
+@max_tokens_cap_option
 @click.option("--sandbox-image", help="Sandbox root: docker base image, bwrap rootfs, SIF file.")
 @click.option(
     "--harness-from",
@@ -105,6 +122,7 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 @db_option
 def run(
     tasks: Path,
+    task_ids: tuple[str, ...],
     harness: str,
     sandbox: str,
     samples: int,
@@ -120,6 +138,8 @@ def run(
     retries: int,
     proxy_socket: Path | None,
     engine_model: str | None,
+    engine_args: tuple[str, ...],
+    max_tokens_cap: int | None,
     sandbox_image: str | None,
     harness_from: str,
     egress: str,
@@ -131,13 +151,19 @@ def run(
     from rolltap.runner.egress import load_settings
 
     egress_settings = load_settings(egress, allow_hosts, egress_config)
+    backends = tuple(checked_backends(backends))
+    if proxy_socket is not None and model is None:
+        raise click.ClickException("--proxy-socket needs --model: the model name that proxy serves")
+    selected: Path | list[Task] = tasks
+    if task_ids:
+        selected = _select(tasks, task_ids)
     console = Console()
     progress = BatchProgress()
     result = _with_progress(
         console,
         progress,
         lambda say: run_batch(
-            tasks,
+            selected,
             harness=harness,
             sandbox=sandbox,
             samples=samples,
@@ -154,6 +180,8 @@ def run(
             retries=retries,
             proxy_socket=proxy_socket,
             engine_model=engine_model,
+            engine_args=engine_args,
+            max_tokens_cap=max_tokens_cap,
             sandbox_image=sandbox_image,
             harness_from=harness_from,
             egress=egress_settings,
@@ -165,6 +193,16 @@ def run(
     _inspect_hint(console, result, db_url)
     if harness == ORACLE:
         _oracle_verdict(console, result.summary)
+
+
+def _select(tasks: Path, ids: tuple[str, ...]) -> list[Task]:
+    loaded = {t.id: t for t in load_tasks(tasks)}
+    missing = [i for i in ids if i not in loaded]
+    if missing:
+        raise click.ClickException(
+            f"--task {', '.join(missing)}: not in {tasks} (it holds {', '.join(sorted(loaded))})"
+        )
+    return [loaded[i] for i in dict.fromkeys(ids)]
 
 
 def _oracle_verdict(console: Console, summary: BatchSummary) -> None:
@@ -196,8 +234,6 @@ def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
                 "[yellow]bubblewrap is not usable here: running in the local sandbox, "
                 "which does not isolate the agent from this machine[/yellow]"
             )
-    from rolltap.runner.tasks import load_tasks
-
     tasks = [t for t in load_tasks(example_tasks()) if t.id in DEMO_TASKS]
     progress = BatchProgress()
     result = _with_progress(
@@ -214,8 +250,6 @@ def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
             timeout=300,
             max_calls=20,
             max_steps=8,
-            # A 135M model on a CPU: bound each answer so a ramble costs seconds, not minutes.
-            engine_args=("--default-max-tokens", "256", "--max-tokens-cap", "512"),
             progress=progress,
             say=say,
         ),
@@ -252,13 +286,32 @@ def _with_progress(
                 live.console.print(message)
 
             task = asyncio.get_running_loop().create_task(start(say))
-            while not task.done():
-                live.update(_progress_line(progress))
-                await asyncio.sleep(0.25)
+            try:
+                while not task.done():
+                    live.update(_progress_line(progress))
+                    await asyncio.sleep(0.25)
+            except asyncio.CancelledError:
+                # Ctrl-C (asyncio.run cancels this task): stop the batch while the loop still
+                # runs, so its rollouts are marked cancelled and its sandboxes and engine stop.
+                say("interrupted: stopping the rollouts in flight...")
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise
             live.update(_progress_line(progress))
             return task.result()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        raise Interrupted() from None
+
+
+class Interrupted(click.ClickException):
+    exit_code = 130
+
+    def __init__(self) -> None:
+        super().__init__("interrupted; run the same command again to resume the batch")
 
 
 def _progress_line(progress: BatchProgress) -> Table:

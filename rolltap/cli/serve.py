@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import click
 
-from rolltap.cli.options import db_option
+from rolltap.cli.options import (
+    checked_backends,
+    db_option,
+    engine_arg_option,
+    max_tokens_cap_option,
+)
 from rolltap.proxy.admin import ExposedWithoutToken, check_exposure
 from rolltap.proxy.app import Extension
 from rolltap.proxy.context import ProxySettings
@@ -46,12 +52,7 @@ from rolltap.store.url import resolve_url
     help="Required on /admin and /metrics when set; needed to listen beyond loopback.",
 )
 @click.option("--max-body-mb", default=32, show_default=True, help="Largest request body.")
-@click.option(
-    "--max-tokens-cap",
-    type=int,
-    envvar="ROLLTAP_MAX_TOKENS_CAP",
-    help="Lower any call's max_tokens to this (recorded on the call); for small test models.",
-)
+@max_tokens_cap_option
 @click.option(
     "--secret",
     envvar="ROLLTAP_SECRET",
@@ -61,14 +62,7 @@ from rolltap.store.url import resolve_url
 )
 @click.option("--model", "engine_model", help="Built-in engine: model dir or GGUF file.")
 @click.option("--device", default="cpu", show_default=True, help="Built-in engine: cpu or cuda.")
-@click.option(
-    "--engine-arg",
-    "engine_args",
-    multiple=True,
-    metavar="ARG",
-    help="Built-in engine: a flag of `rolltap model serve` (repeatable), e.g. "
-    "--engine-arg=--max-tokens-cap=512.",
-)
+@engine_arg_option
 @click.option("--weight-version", help="Weight version recorded until /admin/resume sets one.")
 @click.option(
     "--runner",
@@ -163,7 +157,9 @@ def serve(
 ) -> None:
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
-    specs = [spec for value in backends for spec in value.split()]
+    specs = checked_backends(backends)
+    # Before the store is created or an engine loaded: a taken port fails in a second.
+    _check_port(host, port)
     settings = ProxySettings(
         backends=specs,
         host=host,
@@ -230,14 +226,29 @@ def serve(
     _run(settings, db_url, ready, engine, extensions)
 
 
+def _check_port(host: str, port: int) -> None:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            # As aiohttp binds (reuse_address): a port in TIME_WAIT is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {e.strerror or e} (choose another with --port)"
+        ) from None
+
+
 def _builtin_engine(
     model: str | None, device: str, engine_args: tuple[str, ...]
 ) -> Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]:
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
-        from rolltap.engine.launch import EngineProcess
+        from rolltap.engine.launch import ANSWER_LIMITS, EngineProcess
 
         click.echo("no --backend: starting the built-in engine (loads the model once)...")
-        engine = await EngineProcess.astart(model, device=device, extra_args=engine_args)
+        args = (*ANSWER_LIMITS, *engine_args)
+        engine = await EngineProcess.astart(model, device=device, extra_args=args)
 
         async def stop() -> None:
             await asyncio.to_thread(engine.stop)

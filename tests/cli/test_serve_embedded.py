@@ -1,18 +1,24 @@
 """`rolltap serve` on the embedded default, driven as a user would: examples/chat.py through it
-with the openai SDK, then `rolltap show` of the recorded rollout. Real model, real processes."""
+with the openai SDK, then `rolltap show` of the recorded rollout. Real model, real processes.
+
+It runs from a folder holding a `rolltap/` package of its own (as the parent of a clone does),
+which neither rolltap nor its engine process may import."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+ROLLTAP = str(Path(sys.executable).parent / "rolltap")
 pytestmark = pytest.mark.model
 
 
@@ -25,9 +31,12 @@ def _free_port() -> int:
 def test_serve_builtin_engine_then_chat_then_show(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'store.sqlite'}"
     port = _free_port()
+    work = tmp_path / "work"
+    (work / "rolltap").mkdir(parents=True)
+    (work / "rolltap" / "__init__.py").write_text("raise ImportError('the cwd was imported')\n")
     serve = subprocess.Popen(
-        [sys.executable, "-m", "rolltap.cli.main", "serve", "--db", db, "--port", str(port)],
-        cwd=ROOT,
+        [ROLLTAP, "serve", "--db", db, "--port", str(port), "--engine-arg=--max-tokens-cap=300"],
+        cwd=work,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -41,6 +50,11 @@ def test_serve_builtin_engine_then_chat_then_show(tmp_path: Path) -> None:
             if "rolltap proxy on" in line or time.monotonic() > deadline:
                 break
         assert any("rolltap proxy on" in line for line in banner), "".join(banner)
+        engine = next(line for line in serve.stdout if "backends:" in line).split()[-1]
+        with urllib.request.urlopen(f"{engine}/stats") as answer:
+            settings = json.load(answer)["settings"]
+        # rolltap's defaults for the built-in engine, then the user's --engine-arg over them.
+        assert (settings["default_max_tokens"], settings["max_tokens_cap"]) == (256, 300)
 
         chat = subprocess.run(
             [sys.executable, "examples/chat.py", "--proxy", f"http://127.0.0.1:{port}"],
@@ -53,8 +67,8 @@ def test_serve_builtin_engine_then_chat_then_show(tmp_path: Path) -> None:
         rollout_id = re.search(r"rollout (\w+):", chat.stdout).group(1)  # type: ignore[union-attr]
 
         shown = subprocess.run(
-            [sys.executable, "-m", "rolltap.cli.main", "show", rollout_id, "--db", db],
-            cwd=ROOT,
+            [ROLLTAP, "show", rollout_id, "--db", db],
+            cwd=work,
             capture_output=True,
             text=True,
             timeout=120,

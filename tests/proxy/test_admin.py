@@ -55,6 +55,17 @@ async def test_rollouts_through_the_admin_api(store: Store, sdk: OpenAIFactory) 
                 json={"status": "succeeded", "reward": 1.0},
             )
             assert (status, done["status"], done["reward"]) == (200, "succeeded", 1.0)
+            status, error = await _json(
+                session,
+                "PATCH",
+                f"{proxy.url}/admin/rollouts/{created['id']}",
+                json={"status": "done"},
+            )
+            assert (status, error["error"]["message"]) == (
+                400,
+                "status 'done' is not one of pending, running, succeeded, failed, timed_out, "
+                "cancelled, budget_exceeded",
+            )
 
             status, error = await _json(session, "GET", f"{proxy.url}/admin/rollouts/nope")
             assert status == 404
@@ -161,6 +172,20 @@ async def test_open_mode_creates_a_rollout_per_unknown_key(
         rollouts = await store.rollouts()
         assert sorted(r.n_calls for r in rollouts) == [1, 2]
         assert all(r.meta == {"created_by": "open"} for r in rollouts)
+
+
+async def test_an_unknown_key_is_told_about_open_mode(store: Store, sdk: OpenAIFactory) -> None:
+    async with fake_engine() as engine, running_proxy(store, engine.url) as proxy:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await sdk(f"{proxy.url}/v1", api_key="made-up").chat.completions.create(
+                model="m", messages=MESSAGES
+            )
+    assert refused.value.status_code == 401
+    assert refused.value.body["message"] == (  # type: ignore[index]
+        "unknown rollout key: use the key POST /admin/rollouts returned, or start "
+        "`rolltap serve --open` to make a rollout for any key (local experiments)"
+    )
+    assert await store.rollouts() == []
 
 
 async def test_two_rollouts_never_see_each_others_data(store: Store, sdk: OpenAIFactory) -> None:

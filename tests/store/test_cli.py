@@ -53,6 +53,8 @@ def test_show_prints_one_line_per_call(tmp_path: Path) -> None:
 
 
 def test_show_unknown_rollout(tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli, ["show", "nope", "--db", f"sqlite:///{tmp_path}/s.sqlite"])
+    url = f"sqlite:///{tmp_path}/s.sqlite"
+    _populate(url)
+    result = CliRunner().invoke(cli, ["show", "nope", "--db", url])
     assert result.exit_code == 1
     assert "no rollout 'nope'" in result.output

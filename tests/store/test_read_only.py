@@ -78,7 +78,7 @@ async def test_read_only_store_reads_and_refuses_writes(db_url: str) -> None:
 
 def test_read_only_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "store.sqlite"
-    with pytest.raises(DatabaseUnavailable, match="no store at"):
+    with pytest.raises(DatabaseUnavailable, match="no rolltap store at"):
         asyncio.run(Store.connect(f"sqlite:///{missing}", read_only=True))
     assert not missing.parent.exists()
 

@@ -37,6 +37,8 @@ def test_urls_are_normalised_to_async_drivers(raw: str, expected: str) -> None:
         ("postgresql://u@h", "names no database"),
         ("postgresql+pg8000://u@h/db", "unsupported PostgreSQL driver"),
         ("://nonsense", "malformed"),
+        ("foo://bar", "unsupported database 'foo'"),
+        ("notaurl", "'notaurl' is not a database URL"),
     ],
 )
 def test_bad_urls_are_refused_clearly(raw: str, message: str) -> None:
@@ -59,21 +61,30 @@ async def test_unreachable_server_names_the_url_without_password() -> None:
 async def test_unwritable_sqlite_location_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(DatabaseUnavailable, match="cannot create"):
+    with pytest.raises(DatabaseUnavailable, match="is not a directory"):
         await Store.connect(f"sqlite:///{blocker}/sub/store.sqlite")
+    assert blocker.read_text() == "not a directory"
 
 
-def test_embedded_default_is_created_and_migrated_on_first_use(tmp_path: Path) -> None:
+def test_embedded_default_is_created_on_first_write_never_by_a_read(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
     env.pop("ROLLTAP_DB", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "rolltap.cli.main", "ls"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "no rollouts yet" in result.stdout
+
+    def rolltap(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "rolltap.cli.main", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    listed = rolltap("ls")
+    assert listed.returncode == 1
+    assert not (tmp_path / "data").exists()
+    upgraded = rolltap("db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
     assert (tmp_path / "data" / "rolltap" / "rolltap.sqlite").is_file()
+    listed = rolltap("ls")
+    assert (listed.returncode, listed.stderr) == (0, "no rollouts yet\n")

@@ -275,7 +275,10 @@ def test_cli_refuses_with_one_line(tmp_path: Any) -> None:
 
     missing = CliRunner().invoke(cli, ["ui", "--db", str(tmp_path / "none.sqlite")])
     assert missing.exit_code == 1
-    assert missing.output.strip() == f"Error: no store at {tmp_path / 'none.sqlite'}"
+    assert missing.output.strip() == (
+        f"Error: no rolltap store at {tmp_path / 'none.sqlite'} "
+        "(`rolltap run`, `serve`, `demo` or `db upgrade` creates one)"
+    )
     assert not (tmp_path / "none.sqlite").exists()
 
 

@@ -253,6 +253,7 @@ async def add_backend(request: web.Request) -> web.Response:
     backend = ctx.pool.add(url, kind)
     await ctx.pool.check_all(ctx.client(), timeout=2.0)
     await replicated.add_backend(ctx, f"{kind.value}={url}")
+    ctx.names.learn(await ctx.pool.served_models(ctx.client()))
     return respond(_backend_json(backend), 201)
 
 

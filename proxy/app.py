@@ -22,6 +22,7 @@ from rolltap.proxy.intake import release_at_end
 from rolltap.proxy.messages import count_tokens, hello, messages
 from rolltap.proxy.metrics import CONTENT_TYPE, Gauge, ProxyMetrics
 from rolltap.proxy.middleware import errors
+from rolltap.proxy.model_names import ModelNames
 from rolltap.proxy.recall import Recall
 from rolltap.proxy.responses import responses
 from rolltap.proxy.rollouts import FOR_SANDBOXES, Rollouts
@@ -66,6 +67,7 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         recall=Recall(handles, store, recorded),
         bus=bus_for(store.db.url),
         tokenin=token_in(settings),
+        names=ModelNames(settings.model_aliases),
     )
     metrics.gauges.append(
         Gauge(
@@ -168,6 +170,10 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     # No per-host cap: a thousand open streams to one engine is the normal case here.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
     ctx.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    # Probe before serving: a backend that is down is never shown healthy, not even until the
+    # first call to it fails.
+    await ctx.pool.check_all(ctx.session, timeout=2.0)
+    ctx.names.learn(await ctx.pool.served_models(ctx.session))
     checks = asyncio.get_running_loop().create_task(
         ctx.pool.run_health_checks(ctx.session, ctx.settings.health_interval)
     )

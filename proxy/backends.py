@@ -86,7 +86,9 @@ class BackendPool:
             backend.healthy = False
             self.version += 1
 
-    def _mark_check(self, backend: Backend, ok: bool) -> None:
+    def _mark_check(self, backend: Backend, ok: bool, *, refused: bool = False) -> None:
+        """A refused connection takes a backend out at once (nothing listens there); a slow
+        or non-200 answer only after `failure_threshold` checks in a row."""
         if ok:
             backend.failures = 0
             if not backend.healthy:
@@ -94,27 +96,48 @@ class BackendPool:
                 self.version += 1
             return
         backend.failures += 1
-        if backend.healthy and backend.failures >= self._failure_threshold:
+        if backend.healthy and (refused or backend.failures >= self._failure_threshold):
             backend.healthy = False
             self.version += 1
 
     async def check_all(self, session: aiohttp.ClientSession, timeout: float) -> None:
         async def check(backend: Backend) -> None:
+            refused = False
             try:
                 async with session.get(
                     backend.endpoint("/health"), timeout=aiohttp.ClientTimeout(total=timeout)
                 ) as resp:
                     ok = resp.status == 200
+            except aiohttp.ClientConnectorError:
+                ok, refused = False, True
             except (aiohttp.ClientError, TimeoutError):
                 ok = False
-            self._mark_check(backend, ok)
+            self._mark_check(backend, ok, refused=refused)
 
         await asyncio.gather(*(check(b) for b in self.all()))
+
+    async def served_models(self, session: aiohttp.ClientSession) -> set[str]:
+        """What the healthy backends list on /v1/models (one that cannot say is left out)."""
+        served: set[str] = set()
+        for backend in self.healthy():
+            try:
+                async with session.get(
+                    backend.endpoint("/v1/models"), timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
+                    listed = await resp.json() if resp.status == 200 else {}
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                continue
+            data = listed.get("data") if isinstance(listed, dict) else None
+            for card in data if isinstance(data, list) else []:
+                if isinstance(card, dict) and isinstance(card.get("id"), str):
+                    served.add(card["id"])
+        return served
 
     async def run_health_checks(
         self, session: aiohttp.ClientSession, interval: float, timeout: float = 2.0
     ) -> None:
+        """Check every backend every `interval` seconds (the app checks once before serving)."""
         while True:
+            await asyncio.sleep(interval)
             with contextlib.suppress(Exception):
                 await self.check_all(session, timeout)
-            await asyncio.sleep(interval)

@@ -110,6 +110,8 @@ class EngineCall:
         self._exchange = exchange
         self._rollout = rollout
         body = impose(body, None if rollout is None else rollout.sampling)
+        if exchange.served_model is not None:
+            body = {**body, "model": exchange.served_model}
         cap = ctx.settings.max_tokens_cap
         self._body = body if cap is None else _capped(body, cap, exchange)
         self.capped = self._body is not body

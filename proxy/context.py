@@ -14,6 +14,7 @@ from rolltap.proxy.control_bus import ControlBus
 from rolltap.proxy.exchange import Exchange
 from rolltap.proxy.gate import Gate
 from rolltap.proxy.metrics import ProxyMetrics
+from rolltap.proxy.model_names import ModelNames
 from rolltap.proxy.recall import Recall
 from rolltap.proxy.rollouts import Rollouts, RolloutState
 from rolltap.proxy.routing import StickyRouter
@@ -57,6 +58,8 @@ class ProxySettings:
     workers: int = 1
     """Processes serving this port together (`serve --workers`, proxy/workers.py): each binds it
     with SO_REUSEPORT."""
+    model_aliases: dict[str, str] = field(default_factory=dict)
+    """Client model name -> served model name (`*`: any name not served); model_names.py."""
     max_tokens_cap: int | None = None
     """The most tokens one call may generate: a larger or missing max_tokens is lowered to it in
     the request the engine gets, and the call is noted. Responses/Messages clients see an answer
@@ -95,6 +98,8 @@ class ProxyContext:
     """Set on a proxy that replays a recorded rollout (`rolltap replay`): its calls are
     answered from the record (rolltap.proxy.replay)."""
     session: aiohttp.ClientSession | None = None
+    names: ModelNames = field(default_factory=ModelNames)
+    """Which served model answers the model a call asks for (model_names.py)."""
     models_cache: dict[str, tuple[float, bytes]] = field(default_factory=dict)
     """Backend URL -> (fetched at, /v1/models body)."""
 

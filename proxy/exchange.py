@@ -62,6 +62,8 @@ class Exchange:
     notes: list[str] = field(default_factory=list)
     upstream_done: float | None = None
     """perf_counter() when the engine's answer was complete (for the overhead metric)."""
+    served_model: str | None = None
+    """The model the engine is asked for, when an alias maps `model` to it (model_names.py)."""
     token_allowance: int | None = None
     """The most tokens each choice may generate under the rollout's token budget (set at
     admission, proxy/budget.py); the engine's request is lowered to it."""

@@ -76,7 +76,13 @@ async def open_upstream(
             pool.mark_failed(backend)
             tried.add(backend.url)
             last_error = f"{backend.url}: {type(e).__name__}"
-            log.warning("backend %s failed before answering (%s); failing over", backend.url, e)
+            others = any(b.url not in tried for b in pool.healthy())
+            log.warning(
+                "backend %s failed before answering (%s)%s",
+                backend.url,
+                e,
+                "; failing over" if others else "",
+            )
             continue
         except BaseException:
             # The client left while the engine worked on the request (a whole answer arrives

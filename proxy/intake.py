@@ -101,6 +101,7 @@ async def admit(taken: Intake) -> None:
     state, exchange = taken.state, taken.exchange
     asked, n = _generation_limit(exchange, taken.ctx.settings.max_tokens_cap)
     try:
+        _serve_model(taken.ctx, exchange)
         while True:
             Rollouts.admit(state)
             admission = state.budget.try_reserve(
@@ -122,6 +123,13 @@ async def admit(taken: Intake) -> None:
         raise await taken.reject(e) from None
     taken.reserved = True
     exchange.token_allowance = admission.allowance
+
+
+def _serve_model(ctx: ProxyContext, exchange: Exchange) -> None:
+    model = (exchange.body or {}).get("model")
+    served = ctx.names.resolve(model if isinstance(model, str) else None)
+    if served != model:
+        exchange.served_model = served
 
 
 # Where each dialect's request says how many tokens it may generate (and how many choices).

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,9 @@ from rolltap.proxy.context import ProxyContext, ProxySettings
 from rolltap.store import Store
 
 log = logging.getLogger("rolltap.proxy")
+_HANDLERS_AT_STOP = 5.0
+"""Seconds a stopping proxy waits for handlers still running (serve_until_stopped drains
+first); aiohttp's default is 60."""
 
 
 @dataclass
@@ -41,7 +45,13 @@ async def start_proxy(
     ctx = make_context(settings, store)
     app = make_app(ctx, extensions=extensions)
     # A client that hangs up cancels its handler, which aborts the engine request (relay.py).
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=_HANDLERS_AT_STOP,
+    )
     await runner.setup()
     site = web.TCPSite(
         runner,
@@ -60,6 +70,7 @@ async def start_proxy(
             access_log=None,
             handle_signals=False,
             handler_cancellation=True,
+            shutdown_timeout=_HANDLERS_AT_STOP,
         )
         await sandbox_runner.setup()
         with contextlib.suppress(FileNotFoundError):
@@ -105,12 +116,28 @@ async def serve_until_stopped(
     on_ready: Callable[[RunningProxy], None] | None = None,
     start_engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]] | None = None,
     extensions: Sequence[Extension] = (),
+    drain_seconds: float = 10.0,
+    say: Callable[[str], None] = log.warning,
 ) -> None:
-    """The `rolltap serve` process: store, optional built-in engine, proxy; stop on a signal."""
+    """The `rolltap serve` process: store, optional built-in engine, proxy; stop on a signal.
+
+    Stopping: calls in flight get `drain_seconds` to finish (a second signal cuts that short),
+    then the built-in engine is stopped, mid-generation if need be, so the calls left end (and
+    are recorded) at once; then the proxy and the store close."""
     stop = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+        if signals > 1:
+            hurry.set()
+
+    hurry = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     store = await Store.connect(db_url)
     stop_engine: Callable[[], Awaitable[None]] | None = None
     try:
@@ -123,11 +150,34 @@ async def serve_until_stopped(
             if on_ready is not None:
                 on_ready(proxy)
             await stop.wait()
-            log.info("stopping: finishing in-flight calls")
-            await proxy.ctx.gate.drained(timeout=30)
+            await _drain(proxy, drain_seconds, hurry, say)
+            if stop_engine is not None:
+                await stop_engine()
+                stop_engine = None
         finally:
             await proxy.stop()
     finally:
         await store.close()
         if stop_engine is not None:
             await stop_engine()
+
+
+async def _drain(
+    proxy: RunningProxy, seconds: float, hurry: asyncio.Event, say: Callable[[str], None]
+) -> None:
+    gate = proxy.ctx.gate
+    if not gate.inflight:
+        return
+    say(
+        f"stopping: waiting up to {seconds:g} s for {gate.inflight} call(s) in flight "
+        "(signal again to stop now)"
+    )
+    drained = asyncio.ensure_future(gate.drained())
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({drained, hurried}, timeout=seconds, return_when=FIRST_COMPLETED)
+    finally:
+        drained.cancel()
+        hurried.cancel()
+    if gate.inflight:
+        say(f"stopping now: {gate.inflight} call(s) still in flight end as failed")

@@ -52,7 +52,7 @@ from rolltap.runner.sandboxes.kinds import make_provider
 from rolltap.runner.settings import BatchSettings
 from rolltap.runner.summary import BatchSummary, current_attempts, summarize
 from rolltap.runner.tasks import Task, load_tasks
-from rolltap.store import Store
+from rolltap.store import RolloutStatus, Store
 from rolltap.store.url import DatabaseURL
 
 
@@ -236,7 +236,22 @@ async def run_batch(
             egress=gate,
         )
         started = time.monotonic()
-        results = await asyncio.gather(*(run_rollout(shared, p) for p in todo))
+        try:
+            results = await asyncio.gather(*(run_rollout(shared, p) for p in todo))
+        except asyncio.CancelledError:
+            await _interrupted(store, batch_id)
+            raise
         views = current_attempts(await store.rollouts(batch=batch_id))
         summary = summarize(batch_id, views, time.monotonic() - started)
         return BatchResult(batch_id, list(results), summary)
+
+
+async def _interrupted(store: Store, batch_id: str) -> None:
+    """The batch was stopped (Ctrl-C) and its rollouts have stopped: none stays `running`
+    (its next run starts each again as a new attempt)."""
+    unfinished = [RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value]
+    for view in await store.rollouts(batch=batch_id, status=unfinished):
+        await store.update_rollout(view.id, status=RolloutStatus.CANCELLED, error="interrupted")
+        if view.n_calls:
+            await store.analyze_rollout(view.id)
+        store.forget(view.id)

@@ -39,7 +39,7 @@ from rolltap.runner.sandboxes.base import (
 from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxError
 from rolltap.runner.sandboxes.provision import provision
 from rolltap.runner.tasks import Task
-from rolltap.runner.verify import Verdict, VerifyError, verify
+from rolltap.runner.verify import TEST_OUTPUT, Verdict, VerifyError, verify
 from rolltap.store import NewRollout, RolloutStatus, Store
 
 log = logging.getLogger("rolltap.runner")
@@ -67,6 +67,8 @@ class BatchProgress:
     running: int = 0
     failed: int = 0
     rewards: list[float] = field(default_factory=list)
+    finished: list[RolloutResult] = field(default_factory=list)
+    """Every rollout as it finished, in that order (a display prints the ones it has not)."""
     started_at: float = field(default_factory=time.monotonic)
     token_count: Callable[[], float] = lambda: 0.0
     """Tokens the proxy recorded so far (set by the batch once its proxy runs)."""
@@ -88,6 +90,10 @@ class RolloutResult:
     error: str | None
     logs_dir: Path
     seconds: dict[str, float]
+    verifier_tail: str | None = None
+    """The last lines of the verifier's output (also meta["verifier_tail"])."""
+    harness_tail: str | None = None
+    """The last lines of the harness's log (also meta["harness_tail"])."""
 
 
 @dataclass
@@ -150,10 +156,6 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
     for tries in range(shared.retries + 1):
         try:
             return await _attempt(shared, current)
-        except asyncio.CancelledError:
-            # The batch was stopped (Ctrl-C, a cancelled service batch): never leave `running`.
-            await _mark_interrupted(shared, current)
-            raise
         except InfraFailure as failure:
             log.warning("rollout %s: infrastructure failure: %s", current.rollout_id, failure)
             if tries == shared.retries:
@@ -162,14 +164,6 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
                 # Its calls are recorded: a fresh attempt keeps them apart from the retry's.
                 current = await _next_attempt(shared, current, str(failure))
     raise AssertionError("unreachable")
-
-
-async def _mark_interrupted(shared: Shared, planned: Planned) -> None:
-    view = await shared.store.rollout(planned.rollout_id)
-    if view.status in (RolloutStatus.PENDING, RolloutStatus.RUNNING):
-        await shared.store.update_rollout(
-            planned.rollout_id, status=RolloutStatus.CANCELLED, error="interrupted"
-        )
 
 
 async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
@@ -342,7 +336,12 @@ async def _finish(
         # The proxy ended it: its budget, not the harness, decided how it ended.
         status, error = RolloutStatus.BUDGET_EXCEEDED, view.error
     started = seconds.pop("started", None)
-    meta = {**view.meta, "logs_dir": str(logs), "seconds": seconds}
+    # Why a rollout got the reward it got, without opening its logs: their last lines.
+    tails = {
+        "verifier_tail": _tail(logs / "verifier" / TEST_OUTPUT),
+        "harness_tail": _tail(logs / "harness.log"),
+    }
+    meta = {**view.meta, "logs_dir": str(logs), "seconds": seconds, **tails}
     await store.update_rollout(
         planned.rollout_id,
         status=status,
@@ -363,7 +362,7 @@ async def _finish(
         progress.failed += 1
     if reward is not None:
         progress.rewards.append(reward)
-    return RolloutResult(
+    result = RolloutResult(
         planned.rollout_id,
         planned.task.id,
         planned.sample_index,
@@ -374,7 +373,20 @@ async def _finish(
         error,
         logs,
         seconds,
+        **tails,
     )
+    progress.finished.append(result)
+    return result
+
+
+def _tail(path: Path, lines: int = 8, chars: int = 2000) -> str | None:
+    """The last non-blank lines of a log, or None when there is none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    kept = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(kept)[-chars:] or None
 
 
 async def _give_up(shared: Shared, planned: Planned, why: str) -> RolloutResult:

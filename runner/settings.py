@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rolltap.proxy.backends import parse_backend
+
 
 class BatchSettingsChanged(Exception):
     """A batch was resumed with settings other than those its rollouts ran with."""
@@ -21,7 +23,8 @@ class BatchSettings:
     harness: str
     model: str
     backends: tuple[str, ...]
-    """The backend URLs, or ("built-in", MODEL, *ENGINE_ARGS) for the built-in engine."""
+    """The backends' kinds (vllm, sglang, openai), or ("built-in", MODEL, *ENGINE_ARGS) for the
+    built-in engine. Not their URLs: a server restarted on another port serves the same."""
     sandbox: str
     sandbox_image: str | None
     max_calls: int | None
@@ -41,7 +44,8 @@ class BatchSettings:
         engine_args: Sequence[str],
         **rest: Any,
     ) -> BatchSettings:
-        used = tuple(sorted(backends)) or ("built-in", engine_model or "default", *engine_args)
+        kinds = tuple(sorted({parse_backend(spec)[1].value for spec in backends}))
+        used = kinds or ("built-in", engine_model or "default", *engine_args)
         return cls(harness=harness, model=model, backends=used, **rest)
 
     def as_meta(self) -> dict[str, Any]:

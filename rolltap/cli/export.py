@@ -10,9 +10,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from rolltap.cli.options import db_option
+from rolltap.cli.options import db_option, tokenizer_option
 from rolltap.cli.signing import secret_option, signing_key
-from rolltap.cli.trajectory_view import tokenizer_option
 from rolltap.store import RolloutView, StoreReader
 from rolltap.store import open as open_store
 from rolltap.store.atif import rollout_atif

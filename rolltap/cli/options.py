@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -57,3 +58,12 @@ def checked_backends(values: tuple[str, ...]) -> list[str]:
         except ValueError as e:
             raise click.ClickException(f"--backend {spec}: {e}") from None
     return specs
+
+
+def tokenizer_option(f: F) -> F:
+    return click.option(
+        "--tokenizer",
+        type=click.Path(exists=True, path_type=Path),
+        help="A local tokenizer folder or .gguf file: drift is then also judged on decoded "
+        "text, and breaks show it.",
+    )(f)

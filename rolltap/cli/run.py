@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shutil
 import time
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from rolltap.cli.options import (
     checked_backends,
@@ -21,14 +15,15 @@ from rolltap.cli.options import (
     engine_arg_option,
     max_tokens_cap_option,
 )
-from rolltap.runner import BatchProgress, BatchResult, BatchSummary, run_batch
+from rolltap.cli.progress import with_progress
+from rolltap.cli.report import report
+from rolltap.runner import BatchProgress, BatchSummary, run_batch
 from rolltap.runner.harnesses import adapters, builtins
 from rolltap.runner.harnesses.oracle import NAME as ORACLE
 from rolltap.runner.harnesses.oracle import failed_oracle
 from rolltap.runner.sandboxes.kinds import KINDS
 from rolltap.runner.tasks import Task, load_tasks
 
-T = TypeVar("T")
 DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 
 
@@ -159,7 +154,7 @@ def run(
         selected = _select(tasks, task_ids)
     console = Console()
     progress = BatchProgress()
-    result = _with_progress(
+    result = with_progress(
         console,
         progress,
         lambda say: run_batch(
@@ -189,8 +184,7 @@ def run(
             say=say,
         ),
     )
-    print_summary(console, result.summary)
-    _inspect_hint(console, result, db_url)
+    report(console, result, db_url)
     if harness == ORACLE:
         _oracle_verdict(console, result.summary)
 
@@ -236,7 +230,7 @@ def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
             )
     tasks = [t for t in load_tasks(example_tasks()) if t.id in DEMO_TASKS]
     progress = BatchProgress()
-    result = _with_progress(
+    result = with_progress(
         console,
         progress,
         lambda say: run_batch(
@@ -254,8 +248,7 @@ def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
             say=say,
         ),
     )
-    print_summary(console, result.summary)
-    _inspect_hint(console, result, db_url)
+    report(console, result, db_url)
 
 
 def example_tasks() -> Path:
@@ -272,89 +265,3 @@ def _bwrap_works() -> bool:
         ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True, check=False
     )
     return probe.returncode == 0
-
-
-def _with_progress(
-    console: Console,
-    progress: BatchProgress,
-    start: Callable[[Callable[[str], None]], Coroutine[Any, Any, T]],
-) -> T:
-    async def main() -> T:
-        with Live(_progress_line(progress), console=console, refresh_per_second=4) as live:
-
-            def say(message: str) -> None:
-                live.console.print(message)
-
-            task = asyncio.get_running_loop().create_task(start(say))
-            try:
-                while not task.done():
-                    live.update(_progress_line(progress))
-                    await asyncio.sleep(0.25)
-            except asyncio.CancelledError:
-                # Ctrl-C (asyncio.run cancels this task): stop the batch while the loop still
-                # runs, so its rollouts are marked cancelled and its sandboxes and engine stop.
-                say("interrupted: stopping the rollouts in flight...")
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                raise
-            live.update(_progress_line(progress))
-            return task.result()
-
-    try:
-        return asyncio.run(main())
-    except KeyboardInterrupt:
-        raise Interrupted() from None
-
-
-class Interrupted(click.ClickException):
-    exit_code = 130
-
-    def __init__(self) -> None:
-        super().__init__("interrupted; run the same command again to resume the batch")
-
-
-def _progress_line(progress: BatchProgress) -> Table:
-    elapsed = max(1e-6, time.monotonic() - progress.started_at)
-    mean = sum(progress.rewards) / len(progress.rewards) if progress.rewards else None
-    table = Table.grid(padding=(0, 2))
-    width = 30
-    filled = int(width * progress.done / progress.total) if progress.total else 0
-    table.add_row(
-        f"[{'#' * filled}{'.' * (width - filled)}]",
-        f"done {progress.done}/{progress.total}",
-        f"running {progress.running}",
-        f"failed {progress.failed}",
-        f"mean reward {'-' if mean is None else f'{mean:.3f}'}",
-        f"{progress.tokens / elapsed:,.0f} tokens/s",
-    )
-    return table
-
-
-def print_summary(console: Console, summary: BatchSummary) -> None:
-    table = Table(title=f"batch {summary.batch_id}", header_style="bold")
-    for column in ("task", "samples", "mean reward", "pass@1", "pass@k", "statuses"):
-        table.add_column(column)
-    for t in summary.tasks:
-        table.add_row(
-            t.task_id,
-            str(t.samples),
-            "-" if t.mean_reward is None else f"{t.mean_reward:.3f}",
-            f"{t.pass_at_1:.3f}",
-            f"{t.pass_at_k:.3f} (k={t.k})",
-            ", ".join(f"{k} {v}" for k, v in sorted(t.statuses.items())),
-        )
-    console.print(table)
-    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
-    console.print(
-        f"{summary.rollouts} rollouts in {summary.seconds:.1f} s; {summary.calls} calls, "
-        f"{summary.tokens} tokens; mean reward {mean}"
-    )
-
-
-def _inspect_hint(console: Console, result: BatchResult, db_url: str | None) -> None:
-    db = f" --db {db_url}" if db_url else ""
-    if result.results:
-        console.print(f"inspect a rollout: rolltap show {result.results[0].rollout_id}{db}")
-    console.print(f"list the batch:    rolltap ls --batch {result.batch_id}{db}")
-    console.print(f"export it:         rolltap export --batch {result.batch_id}{db}")

@@ -54,6 +54,14 @@ from rolltap.store.url import resolve_url
 @click.option("--max-body-mb", default=32, show_default=True, help="Largest request body.")
 @max_tokens_cap_option
 @click.option(
+    "--model-alias",
+    "model_aliases",
+    multiple=True,
+    metavar="NAME=SERVED",
+    help="Answer calls asking for model NAME with the served model SERVED (repeatable; NAME * "
+    "for every name not served). With one model served, every other name maps to it anyway.",
+)
+@click.option(
     "--secret",
     envvar="ROLLTAP_SECRET",
     help="Signs the references the proxy hands to harnesses (Responses/Messages round trips); "
@@ -127,6 +135,14 @@ from rolltap.store.url import resolve_url
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Token-in with --tokenizer: the chat template file the engine was started with.",
 )
+@click.option(
+    "--drain-seconds",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="On SIGTERM or Ctrl-C, how long calls in flight may take to finish; then the built-in "
+    "engine stops mid-answer and they end as failed (a second signal stops at once).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def serve(
     backends: tuple[str, ...],
@@ -138,6 +154,7 @@ def serve(
     admin_token: str | None,
     max_body_mb: int,
     max_tokens_cap: int | None,
+    model_aliases: tuple[str, ...],
     secret: str | None,
     engine_model: str | None,
     device: str,
@@ -153,6 +170,7 @@ def serve(
     reasoning_parser: str | None,
     tokenizer: Path | None,
     chat_template: Path | None,
+    drain_seconds: float,
     verbose: bool,
 ) -> None:
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
@@ -172,6 +190,7 @@ def serve(
         max_body_bytes=max_body_mb * 1024 * 1024,
         weight_version=weight_version,
         max_tokens_cap=max_tokens_cap,
+        model_aliases=_aliases(model_aliases),
         secret=secret,
         workers=workers,
         token_in=token_in,
@@ -207,9 +226,14 @@ def serve(
         engine_args = (*engine_args, f"--weight-version={weight_version}")
 
     def ready(proxy: RunningProxy) -> None:
-        backends_shown = ", ".join(b.url for b in proxy.ctx.pool.all())
+        pool = proxy.ctx.pool.all()
+        backends_shown = ", ".join(b.url + ("" if b.healthy else " (down)") for b in pool)
         click.echo(f"rolltap proxy on {proxy.url}  (store: {resolve_url(db_url).render()})")
         click.echo(f"  backends: {backends_shown}")
+        served = sorted(proxy.ctx.names.served)
+        if served:
+            other = "; any other name maps to it" if len(served) == 1 else ""
+            click.echo(f"  models: {', '.join(served)}{other}")
         if proxy.unix_socket:
             click.echo(f"  unix socket: {proxy.unix_socket}")
         click.echo(f"  harness base URL: {proxy.url}/r/<rollout key>/v1")
@@ -223,7 +247,16 @@ def serve(
     engine = _builtin_engine(engine_model, device, engine_args)
     if workers > 1:
         sys.exit(_run_workers(settings, db_url, ready, engine))
-    _run(settings, db_url, ready, engine, extensions)
+    _run(settings, db_url, ready, engine, extensions, drain_seconds)
+
+
+def _aliases(specs: tuple[str, ...]) -> dict[str, str]:
+    from rolltap.proxy.model_names import parse_alias
+
+    try:
+        return dict(parse_alias(spec) for spec in specs)
+    except ValueError as e:
+        raise click.ClickException(f"--model-alias {e}") from None
 
 
 def _check_port(host: str, port: int) -> None:
@@ -304,6 +337,7 @@ def _run(
     ready: Callable[[RunningProxy], None],
     engine: Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]] | None,
     extensions: Sequence[Extension] = (),
+    drain_seconds: float = 10.0,
 ) -> None:
     if not extensions:
         # The rollout service starts sandboxes as another user, which uvloop's subprocesses
@@ -316,6 +350,12 @@ def _run(
             pass
     asyncio.run(
         serve_until_stopped(
-            settings, db_url, on_ready=ready, start_engine=engine, extensions=extensions
+            settings,
+            db_url,
+            on_ready=ready,
+            start_engine=engine,
+            extensions=extensions,
+            drain_seconds=drain_seconds,
+            say=lambda message: click.echo(message, err=True),
         )
     )

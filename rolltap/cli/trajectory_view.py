@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
-
-import click
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -15,19 +10,8 @@ from rich.text import Text
 from rolltap.store.models import LinkKind
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 _STRIP = 64
 _ROLE_STYLE = {"main": "bold", "side": "cyan", "sibling": "magenta"}
-
-
-def tokenizer_option(f: F) -> F:
-    return click.option(
-        "--tokenizer",
-        type=click.Path(exists=True, path_type=Path),
-        help="A local tokenizer folder or .gguf file: drift is then also judged on decoded "
-        "text, and breaks show it.",
-    )(f)
 
 
 def render_segments(console: Console, built: RolloutTrajectories) -> None:

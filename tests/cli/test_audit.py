@@ -81,6 +81,7 @@ def test_a_tampered_batch_fails_and_names_the_call(tmp_path: Path) -> None:
 
 def test_verify_needs_a_rollout_or_a_batch(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/s.sqlite"
+    assert CliRunner().invoke(cli, ["db", "upgrade", "--db", url]).exit_code == 0
 
     neither = CliRunner().invoke(cli, ["audit", "verify", "--db", url])
     unknown = CliRunner().invoke(cli, ["audit", "verify", "nope", "--db", url])

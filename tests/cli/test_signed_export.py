@@ -145,6 +145,7 @@ def test_checking_needs_the_secret_that_signed(tmp_path: Path) -> None:
         == 0
     )
     elsewhere = f"sqlite:///{tmp_path / 'other.sqlite'}"
+    assert _run("db", "upgrade", "--db", elsewhere).exit_code == 0
 
     without = _run("audit", "verify", "--export", str(out), "--db", elsewhere)
     given = _run("audit", "verify", "--export", str(out), "--db", elsewhere, "--secret", "s" * 40)

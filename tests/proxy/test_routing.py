@@ -8,10 +8,13 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import aiohttp
+import openai
 import orjson
+import pytest
 
 from rolltap.store import CallStatus, Store
 from tests.support.fake_vllm import FakeVLLM
+from tests.support.processes import free_port
 from tests.support.proxy import Engine, OpenAIFactory, fake_engine, new_rollout, running_proxy
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -143,12 +146,15 @@ async def test_backends_added_and_removed_at_run_time(store: Store, sdk: OpenAIF
                 ) as resp:
                     assert resp.status == 201
                     assert (await resp.json())["url"] == engine.url
-            rollouts = [await new_rollout(store) for _ in range(15)]
-            for _, key in rollouts:
-                await sdk(f"{proxy.url}/r/{key}/v1").chat.completions.create(
+            # Rollouts land on backends by the hash of their random ids: add rollouts until
+            # each backend has one, rather than hoping a fixed number spreads over all three.
+            rollouts = []
+            while not all(_served_by(engines).values()):
+                assert len(rollouts) < 200, _served_by(engines)
+                rollouts.append(await new_rollout(store))
+                await sdk(f"{proxy.url}/r/{rollouts[-1][1]}/v1").chat.completions.create(
                     model="m", messages=MESSAGES
                 )
-            assert all(n > 0 for n in _served_by(engines).values())
 
             async with session.delete(
                 f"{proxy.url}/admin/backends", params={"url": engines[0].url}
@@ -162,10 +168,20 @@ async def test_backends_added_and_removed_at_run_time(store: Store, sdk: OpenAIF
             assert len(engines[0].fake.requests) == before
 
 
-async def test_no_backend_left_is_503_and_recorded(store: Store, sdk: OpenAIFactory) -> None:
-    import openai
-    import pytest
+async def test_a_backend_down_at_start_is_never_shown_healthy(store: Store) -> None:
+    async with fake_engine() as up:
+        down = f"http://127.0.0.1:{free_port()}"
+        async with running_proxy(store, up.url, down) as proxy, aiohttp.ClientSession() as s:
+            async with s.get(f"{proxy.url}/health") as resp:
+                assert (resp.status, (await resp.json())["healthy_backends"]) == (200, 1)
+            async with s.get(f"{proxy.url}/admin/backends") as resp:
+                listed = {b["url"]: b["healthy"] for b in (await resp.json())["backends"]}
+    assert listed == {up.url: True, down: False}
 
+
+async def test_no_backend_left_is_503_and_recorded(
+    store: Store, sdk: OpenAIFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     async with fake_engine() as engine, running_proxy(store, engine.url) as proxy:
         await engine.server.close()
         rollout_id, key = await new_rollout(store)
@@ -177,6 +193,12 @@ async def test_no_backend_left_is_503_and_recorded(store: Store, sdk: OpenAIFact
         assert caught.value.status_code == 503
         (call,) = await store.calls(rollout_id)
         assert (call.status, call.http_status) == (CallStatus.FAILED, 503)
+    # One backend: nothing to fail over to, and the log does not claim it.
+    failures = [
+        r.getMessage() for r in caplog.records if "failed before answering" in r.getMessage()
+    ]
+    assert failures
+    assert not any("failing over" in m for m in failures)
 
 
 async def _until(condition: object, timeout: float = 5.0) -> None:

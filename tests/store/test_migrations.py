@@ -17,9 +17,10 @@ def test_db_commands(tmp_path: object) -> None:
     url = f"sqlite:///{tmp_path}/cli.sqlite"
     runner = CliRunner()
 
-    empty = runner.invoke(cli, ["db", "current", "--db", url])
-    assert empty.exit_code == 0, empty.output
-    assert "(empty)" in empty.output
+    # A read: it creates no SQLite file (an empty PostgreSQL database says "(empty)").
+    missing = runner.invoke(cli, ["db", "current", "--db", url])
+    assert missing.exit_code == 1, missing.output
+    assert "no rolltap store at" in missing.output
 
     upgraded = runner.invoke(cli, ["db", "upgrade", "--db", url])
     assert upgraded.exit_code == 0, upgraded.output

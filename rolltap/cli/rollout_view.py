@@ -1,0 +1,191 @@
+"""One rollout for `rolltap show`: its outcome and why, its calls, its chain, its segments, and
+on request the conversation text of every call."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rolltap.cli.audit import render as render_integrity
+from rolltap.cli.trajectory_view import render_segments
+from rolltap.store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
+from rolltap.store.bridging import Bridging
+
+_TAILS = (("verifier_tail", "verifier output"), ("harness_tail", "harness log"))
+
+
+def show(
+    store: StoreReader, rollout_id: str, detokenizer: Any, *, conversation: bool = False
+) -> None:
+    rollout = store.rollout(rollout_id)
+    calls = store.calls(rollout_id)
+    console = console_for_output()
+    _header(console, rollout)
+    _outcome(console, rollout)
+    _bridging(console, calls)
+    _calls(console, calls)
+    if conversation:
+        _conversation(console, store, calls)
+    # Its hash chain, and the calls the proxy refused (budget, finished, revoked, malformed).
+    render_integrity(console, store.verify_rollout(rollout_id))
+    _render_egress(console, store.egress(rollout_id))
+    if calls:
+        render_segments(console, store.rollout_trajectories(rollout_id, detokenizer=detokenizer))
+
+
+def console_for_output() -> Console:
+    # Piped output is for grep and people's logs: do not squeeze it into 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=220)
+
+
+def task_label(r: RolloutView) -> str:
+    if r.task_id is None:
+        return "-"
+    return r.task_id if r.sample_index is None else f"{r.task_id}#{r.sample_index}"
+
+
+def when(t: datetime) -> str:
+    return t.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _header(console: Console, r: RolloutView) -> None:
+    console.print(f"[bold]rollout {r.id}[/bold]  {r.status.value}  reward {r.reward}")
+    console.print(
+        f"  task {escape(task_label(r))}  batch {escape(r.batch_id or '-')}  "
+        f"harness {r.harness or '-'}  model {escape(r.model or '-')}  created {when(r.created_at)}"
+    )
+    if r.error:
+        console.print(f"  [red]error[/red] {escape(r.error)}")
+
+
+def _bridging(console: Console, calls: list[CallView]) -> None:
+    bridging = Bridging.of(c.bridge for c in calls)
+    if bridging is not None:
+        rate = bridging.bridge_break_rate
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(bridging.outcomes.items()))
+        console.print(
+            f"  token-in  bridge_break_rate {'-' if rate is None else f'{rate:.2f}'}  ({outcomes})"
+        )
+
+
+def _outcome(console: Console, r: RolloutView) -> None:
+    """Why the reward is what it is: the harness's ending, the verifier's and harness's last
+    lines, and where their whole logs are."""
+    details = r.reward_details or {}
+    facts = [
+        f"{k} {details[k]}"
+        for k in ("ending", "harness_exit_code", "test_exit_code")
+        if details.get(k) is not None
+    ]
+    if facts:
+        console.print(f"  [bold]outcome[/bold] {escape(', '.join(facts))}")
+    for key, label in _TAILS:
+        tail = r.meta.get(key)
+        if isinstance(tail, str) and tail:
+            console.print(f"  [bold]{label}[/bold] (last lines)")
+            for line in tail.splitlines():
+                console.print(f"    {escape(line)}", soft_wrap=True)
+    if r.meta.get("logs_dir"):
+        console.print(f"  [bold]logs[/bold] {escape(str(r.meta['logs_dir']))}")
+
+
+def _calls(console: Console, calls: list[CallView]) -> None:
+    table = Table(box=None, header_style="bold")
+    for column in (
+        "seq",
+        "dialect",
+        "status",
+        "http",
+        "prompt",
+        "completion",
+        "n",
+        "finish",
+        "ttft ms",
+        "total ms",
+        "capture",
+        "backend",
+        "note",
+    ):
+        table.add_column(column)
+    for c in calls:
+        bridge = c.bridge and f"token-in {c.bridge}"
+        notes = [
+            x for x in (c.purpose, bridge, c.retry_of and f"retry of {c.retry_of}", c.error) if x
+        ]
+        table.add_row(
+            str(c.seq),
+            c.dialect.value + (" (stream)" if c.stream else ""),
+            c.status.value,
+            str(c.http_status or "-"),
+            str(c.prompt_tokens),
+            str(c.completion_tokens),
+            str(c.n_choices),
+            c.finish_reason or "-",
+            _ms(c.received_at, c.first_token_at),
+            _ms(c.received_at, c.finished_at),
+            c.capture.value,
+            c.backend or "-",
+            escape("; ".join(notes)[:80]),
+        )
+    console.print(table)
+
+
+def _conversation(console: Console, store: StoreReader, calls: list[CallView]) -> None:
+    """Each call's new messages (a harness resends its history) and the answer it got, as
+    `rolltap ui` reduces them, in any dialect."""
+    from rolltap.ui.conversation import exchanges
+    from rolltap.ui.diff import turn_text
+
+    bodies = {c.id: store.call_bodies(c.id) for c in calls}
+    for x in exchanges(calls, bodies):
+        c = x.call
+        console.rule(f"call {c.seq} ({c.dialect.value}{', ' + c.purpose if c.purpose else ''})")
+        if x.sent is None:
+            console.print("  (request body not recorded or not understood)")
+        if x.edit is not None:
+            console.print(f"  [yellow]the harness changed message {x.edit.index}:[/yellow]")
+            console.print(f"  {escape(x.edit.note)}")
+        for _, turn in x.new:
+            console.print(escape(turn_text(turn)), soft_wrap=True)
+        for i, answer in enumerate(x.answers):
+            label = "answer" if len(x.answers) == 1 else f"answer {i}"
+            console.print(f"[bold]{label}[/bold]")
+            for turn in answer:
+                console.print(escape(turn_text(turn)), soft_wrap=True)
+
+
+def _render_egress(console: Console, records: list[EgressRecord]) -> None:
+    """What the sandbox sent out through the egress gate (nothing without `--egress`)."""
+    if not records:
+        return
+    denied = sum(r.verdict is EgressVerdict.DENIED for r in records)
+    console.print(f"[bold]egress[/bold]  {len(records)} requests, {denied} denied")
+    table = Table(box=None, header_style="bold")
+    for column in ("time", "verdict", "http", "method", "host", "path", "sent", "got", "reason"):
+        table.add_column(column, overflow="fold")
+    colour = {EgressVerdict.DENIED: "red", EgressVerdict.INTERCEPTED: "cyan"}
+    for r in records:
+        verdict = r.verdict.value
+        if r.verdict in colour:
+            verdict = f"[{colour[r.verdict]}]{verdict}[/{colour[r.verdict]}]"
+        table.add_row(
+            r.at.strftime("%H:%M:%S.%f")[:-3],
+            verdict,
+            str(r.status or "-"),
+            r.method,
+            r.host,
+            r.path[:60],
+            str(r.request_bytes),
+            str(r.response_bytes),
+            "" if r.verdict is EgressVerdict.ALLOWED else r.reason[:80],
+        )
+    console.print(table)
+
+
+def _ms(start: datetime, end: datetime | None) -> str:
+    return "-" if end is None else f"{(end - start).total_seconds() * 1000:.0f}"

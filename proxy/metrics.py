@@ -60,6 +60,10 @@ class Counter:
     def collect(self) -> list[Metric]:
         return list(self._metric.collect())
 
+    def total(self) -> float:
+        """Summed over every label value."""
+        return sum(s.value for m in self.collect() for s in m.samples if s.name == self.name)
+
 
 class Histogram:
     def __init__(

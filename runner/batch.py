@@ -211,6 +211,7 @@ async def run_batch(
             settings["egress"] = {"mode": gate.settings.mode.value, "allow": allowed}
         progress.total = len(todo)
         progress.token_count = host.tokens_recorded
+        progress.call_count = host.calls_recorded
         shared = Shared(
             store=store,
             provider=provider,

@@ -37,6 +37,9 @@ class ProxyHost:
         if self.proxy is not None:
             self.proxy.ctx.rollouts.revoke(key)
 
+    def calls_recorded(self) -> float:
+        return 0.0 if self.proxy is None else self.proxy.ctx.metrics.calls.total()
+
     def tokens_recorded(self) -> float:
         if self.proxy is None:
             return 0.0

@@ -73,9 +73,16 @@ class BatchProgress:
     token_count: Callable[[], float] = lambda: 0.0
     """Tokens the proxy recorded so far (set by the batch once its proxy runs)."""
 
+    call_count: Callable[[], float] = lambda: 0.0
+    """Calls the proxy recorded so far (likewise)."""
+
     @property
     def tokens(self) -> float:
         return self.token_count()
+
+    @property
+    def calls(self) -> float:
+        return self.call_count()
 
 
 @dataclass(frozen=True)

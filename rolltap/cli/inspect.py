@@ -38,7 +38,8 @@ def ls(
         return
     from rich.table import Table
 
-    from rolltap.cli.rollout_view import console_for_output, task_label, when
+    from rolltap.cli.console import console_for_output
+    from rolltap.cli.rollout_view import task_label, when
 
     console = console_for_output()
     table = Table(box=None, header_style="bold")

@@ -100,6 +100,7 @@ def _bar(progress: BatchProgress) -> Table:
         f"running {progress.running}",
         f"failed {progress.failed}",
         f"mean reward {'-' if mean is None else f'{mean:.3f}'}",
+        f"{progress.calls:,.0f} calls",
         f"{tokens:,.0f} tokens ({tokens / elapsed:,.0f}/s)",
     )
     return table

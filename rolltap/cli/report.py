@@ -64,7 +64,8 @@ def explain(console: Console, result: BatchResult, db_url: str | None) -> None:
                 console.print(
                     f"    {label}: {' ' * (8 - len(label))}{escape(last_line(tail)[:200])}"
                 )
-        console.print(f"    logs:     {r.logs_dir}  (rolltap show {r.rollout_id}{_db(db_url)})")
+        console.print(f"    logs:     {r.logs_dir}")
+        console.print(f"    show:     rolltap show {r.rollout_id}{_db(db_url)}")
     if len(short) > _EXPLAINED:
         more = len(short) - _EXPLAINED
         console.print(f"  ... and {more} more: rolltap ls --batch {result.batch_id}{_db(db_url)}")

@@ -3,7 +3,6 @@ on request the conversation text of every call."""
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rolltap.cli.audit import render as render_integrity
+from rolltap.cli.console import console_for_output
 from rolltap.cli.trajectory_view import render_segments
 from rolltap.store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
 from rolltap.store.bridging import Bridging
@@ -36,11 +36,6 @@ def show(
     _render_egress(console, store.egress(rollout_id))
     if calls:
         render_segments(console, store.rollout_trajectories(rollout_id, detokenizer=detokenizer))
-
-
-def console_for_output() -> Console:
-    # Piped output is for grep and people's logs: do not squeeze it into 80 columns.
-    return Console() if sys.stdout.isatty() else Console(width=220)
 
 
 def task_label(r: RolloutView) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from rolltap.cli.console import console_for_output
 from rolltap.cli.options import (
     checked_backends,
     db_option,
@@ -152,7 +153,7 @@ def run(
     selected: Path | list[Task] = tasks
     if task_ids:
         selected = _select(tasks, task_ids)
-    console = Console()
+    console = console_for_output()
     progress = BatchProgress()
     result = with_progress(
         console,
@@ -220,7 +221,7 @@ def _oracle_verdict(console: Console, summary: BatchSummary) -> None:
 @db_option
 def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
     """The embedded default end to end: built-in engine, proxy, mini-swe-agent on a few tasks."""
-    console = Console()
+    console = console_for_output()
     if sandbox is None:
         sandbox = "bwrap" if shutil.which("bwrap") and _bwrap_works() else "local"
         if sandbox == "local":

@@ -11,7 +11,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,20 +18,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from tests.support.cli import ROLLTAP, rolltap
 from tests.support.databases import PostgresServer
 
-ROLLTAP = str(Path(sys.executable).parent / "rolltap")
 SUPPORTED = "sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql+asyncpg://USER@HOST/DB"
 NO_STORE = "(`rolltap run`, `serve`, `demo` or `db upgrade` creates one)"
-
-
-def rolltap(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    # A data directory of the test's own: the embedded default store and run logs land there.
-    env = {**os.environ, "XDG_DATA_HOME": str(cwd / "data"), "HOME": str(cwd)}
-    env.pop("ROLLTAP_DB", None)
-    return subprocess.run(
-        [ROLLTAP, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], code: int = 1) -> str:

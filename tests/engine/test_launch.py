@@ -8,6 +8,9 @@ import math
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ import torch
 from rolltap.engine.errors import EngineStartError
 from rolltap.engine.launch import EngineProcess
 from tests.support.engine import get_json, post_json, post_sse
+from tests.support.processes import free_port
 
 TEMPLATE = Path(__file__).parent / "templates" / "qwen3_like.jinja"
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
@@ -205,3 +209,36 @@ def test_ready_file_reports_a_real_port(smollm_engine: EngineProcess) -> None:
     assert smollm_engine.port > 0
     assert smollm_engine.url == f"http://127.0.0.1:{smollm_engine.port}"
     assert json.dumps(smollm_engine.model) == '"SmolLM2-135M-Instruct"'
+
+
+def test_health_is_503_until_the_model_is_loaded(tmp_path: Path) -> None:
+    """As vLLM: scripts and readiness probes wait on /health, so it says ok only once calls
+    would be served, and a call before that is a 503 too."""
+    port = free_port()
+    child = subprocess.Popen(
+        [str(Path(sys.executable).parent / "rolltap"), "model", "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    seen: list[tuple[int, Any]] = []
+    try:
+        while not seen or seen[-1][0] != 200:
+            assert child.poll() is None, "the engine exited"
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+                    seen.append((answer.status, None))
+            except urllib.error.HTTPError as e:
+                seen.append((e.code, json.loads(e.read())))
+                if len(seen) == 1:
+                    models = urllib.request.Request(f"{url}/v1/models")
+                    with pytest.raises(urllib.error.HTTPError) as early:
+                        urllib.request.urlopen(models, timeout=5)
+                    assert early.value.code == 503
+            except urllib.error.URLError:
+                time.sleep(0.05)  # not listening yet
+    finally:
+        child.terminate()
+        child.wait(30)
+    assert seen[0] == (503, {"status": "loading"})
+    assert seen[-1] == (200, None)

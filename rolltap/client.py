@@ -268,7 +268,7 @@ class AsyncClient:
         """Submit a batch. `tasks`: a path on the server (a task directory, a directory of
         them, or a JSONL file) or task objects in the JSONL shorthand. `options` are the other
         fields of POST /v1/batches: budgets, labels, policy_version, sampling, keep,
-        target_groups, max_staleness, stale, concurrency, pools, retries."""
+        target_groups, max_staleness, stale, concurrency, pools, retries, egress."""
         body: dict[str, Any] = {
             "tasks": str(tasks) if isinstance(tasks, str | Path) else [dict(t) for t in tasks],
             "harness": harness,

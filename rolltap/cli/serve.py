@@ -143,6 +143,12 @@ from rolltap.store.url import resolve_url
     help="On SIGTERM or Ctrl-C, how long calls in flight may take to finish; then the built-in "
     "engine stops mid-answer and they end as failed (a second signal stops at once).",
 )
+@click.option(
+    "--runner-egress-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --runner: the egress config (TOML: allow, intercept_hosts, upstream_ca, "
+    "[resolve]) for batches that ask for egress (README, Egress).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def serve(
     backends: tuple[str, ...],
@@ -171,6 +177,7 @@ def serve(
     tokenizer: Path | None,
     chat_template: Path | None,
     drain_seconds: float,
+    runner_egress_config: Path | None,
     verbose: bool,
 ) -> None:
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
@@ -213,11 +220,21 @@ def serve(
         raise click.ClickException(str(e)) from None
     extensions: list[Extension] = []
     if runner:
+        from rolltap.runner.egress import BadEgressSetting, load_settings
         from rolltap.runner.service.options import runner_extension
 
         try:
+            egress = load_settings("none", (), runner_egress_config)
+        except BadEgressSetting as e:
+            raise click.BadParameter(str(e), param_hint="--runner-egress-config") from None
+        try:
             extend = runner_extension(
-                settings, runner_sandboxes, runner_concurrency, runner_tasks_root, click.echo
+                settings,
+                runner_sandboxes,
+                runner_concurrency,
+                runner_tasks_root,
+                click.echo,
+                egress=egress,
             )
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--runner-sandboxes") from None

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from rolltap.proxy.context import ProxyContext
 from rolltap.proxy.errors import UpstreamUnavailable
+from rolltap.runner.egress import EgressSettings
 from rolltap.runner.harnesses import Harness, Installation, adapters, builtins
 from rolltap.runner.rollout import Pools
 from rolltap.runner.service.clock import GateClock
@@ -37,6 +38,8 @@ class RunnerSettings:
     """The harnesses batches may name (default: every harness rolltap has)."""
     installations: Mapping[str, Installation] = field(default_factory=dict)
     providers: Mapping[str, ProviderOpener] = field(default_factory=dict)
+    egress: EgressSettings = field(default_factory=EgressSettings)
+    """`serve --egress-config`: what batches asking for egress get (README, Egress)."""
 
 
 def extension(settings: RunnerSettings) -> Callable[[web.Application, ProxyContext], None]:
@@ -69,6 +72,7 @@ def service_for(ctx: ProxyContext, settings: RunnerSettings) -> Service:
         sandbox_image=settings.sandbox_image,
         providers=settings.providers,
         revoke_key=ctx.rollouts.revoke,
+        egress=settings.egress,
     )
     return Service(
         ctx.store,

@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from rolltap.runner.egress import EgressMode, EgressSettings, egress_gate
 from rolltap.runner.harnesses import (
     Harness,
     Installation,
@@ -75,6 +76,9 @@ class LocalHost:
     revoke_key: Callable[[str], None] | None = None
     """Refuses a rollout key at once in the proxy of this process (when it is one); the store's
     `key_revoked_at` reaches a proxy elsewhere on its next read of the rollout."""
+    egress: EgressSettings = field(default_factory=EgressSettings)
+    """The server's egress config (allow-list, intercept hosts, [resolve], upstream CA); a batch
+    chooses the mode and adds hosts to the allow-list."""
 
 
 class LocalExecutor:
@@ -114,11 +118,25 @@ def local_executors(host: LocalHost) -> ExecutorFactory:
                 installed = await _installed(harness, host.installations)
             await provider.sweep(batch_id)
             installed_from = "builtin" if builtin else "image" if images else "host"
-            settings = {
+            settings: dict[str, Any] = {
                 "model": host.model(),
                 "max_steps": spec.budgets.max_steps,
                 "timeout": spec.budgets.timeout,
             }
+            gate = None
+            if spec.egress is not EgressMode.NONE:
+                egress = replace(
+                    host.egress, mode=spec.egress, allow=(*host.egress.allow, *spec.egress_allow)
+                )
+                gate = await stack.enter_async_context(
+                    egress_gate(
+                        egress,
+                        directory=host.proxy_socket.parent,
+                        proxy_socket=host.proxy_socket,
+                        store=host.store,
+                    )
+                )
+                settings["egress"] = {"mode": egress.mode.value, "allow": list(egress.allow)}
             sizes = spec.pools
             shared = Shared(
                 store=host.store,
@@ -141,6 +159,7 @@ def local_executors(host: LocalHost) -> ExecutorFactory:
                 image_context=image_context,
                 run_meta=harness_metadata(harness, installed_from, settings),
                 revoke_key=host.revoke_key,
+                egress=gate,
             )
             yield LocalExecutor(shared)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rolltap.proxy.app import Extension
 from rolltap.proxy.context import ProxySettings
+from rolltap.runner.egress import EgressSettings
 from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.runner.sandboxes.kinds import KINDS
 from rolltap.runner.service.embedded import RunnerSettings, extension
@@ -21,6 +22,8 @@ def runner_extension(
     concurrency: int,
     tasks_root: Path | None,
     say: Callable[[str], None],
+    *,
+    egress: EgressSettings | None = None,
 ) -> Extension:
     """Raises ValueError for a sandbox kind rolltap does not have. Gives the proxy a unix
     socket (the sandboxes' only way out) when it has none."""
@@ -49,4 +52,4 @@ def runner_extension(
         max_concurrency=concurrency,
     )
     pools = PoolSizes(concurrency, concurrency, concurrency)
-    return extension(RunnerSettings(limits=limits, pools=pools))
+    return extension(RunnerSettings(limits=limits, pools=pools, egress=egress or EgressSettings()))

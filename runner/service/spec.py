@@ -8,7 +8,8 @@
      "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 2048, ...},
      "keep": "all" | "informative", "target_groups": 64,
      "max_staleness": 1, "stale": "drop" | "flag",
-     "concurrency": 16, "pools": {"init": 16, "run": 16, "eval": 16}, "retries": 2}
+     "concurrency": 16, "pools": {"init": 16, "run": 16, "eval": 16}, "retries": 2,
+     "egress": {"mode": "none" | "allowlist" | "intercept", "allow": ["pypi.org"]}}
 
 Tasks come as a path the server can read (a Harbor task directory, a directory of them, or a
 JSONL file; confined to the server's tasks root when it has one) or inline in the JSONL
@@ -28,6 +29,8 @@ from typing import Any, TypeVar
 import orjson
 
 from rolltap.proxy.sampling import IMPOSABLE
+from rolltap.runner.egress.rules import valid_pattern
+from rolltap.runner.egress.settings import EgressMode
 from rolltap.runner.tasks import Task, TaskFormatError, load_tasks, parse_jsonl
 
 BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -48,6 +51,7 @@ _FIELDS = {
     "concurrency",
     "pools",
     "retries",
+    "egress",
 }
 _BUDGETS = {"max_calls", "max_tokens", "timeout", "max_steps"}
 E = TypeVar("E", bound=enum.StrEnum)
@@ -124,6 +128,10 @@ class BatchSpec:
     concurrency: int = 8
     pools: PoolSizes | None = None
     retries: int = 2
+    egress: EgressMode = EgressMode.NONE
+    """README, Egress; the server's egress config supplies the rest (`--egress-config`)."""
+    egress_allow: tuple[str, ...] = ()
+    """Host patterns added to the server's allow-list for this batch's tasks."""
     id: str | None = None
     fingerprint: str = ""
     """A hash of the request body: a retry with the same id must ask for the same batch."""
@@ -150,6 +158,7 @@ def parse_spec(body: Mapping[str, Any], limits: ServiceLimits) -> BatchSpec:
     concurrency = _count(body, "concurrency", 1, limits.max_concurrency) or min(
         8, limits.max_concurrency
     )
+    egress, egress_allow = _egress(body.get("egress"))
     return BatchSpec(
         tasks=tuple(tasks),
         tasks_source=source,
@@ -167,6 +176,8 @@ def parse_spec(body: Mapping[str, Any], limits: ServiceLimits) -> BatchSpec:
         concurrency=concurrency,
         pools=_pools(body.get("pools"), limits),
         retries=2 if body.get("retries") is None else _count(body, "retries", 0, 10) or 0,
+        egress=egress,
+        egress_allow=egress_allow,
         id=batch_id,
         fingerprint=fingerprint(body),
     )
@@ -303,6 +314,27 @@ def _count(body: Mapping[str, Any], key: str, low: int, high: int) -> int | None
     return value
 
 
+def _egress(value: object) -> tuple[EgressMode, tuple[str, ...]]:
+    if value is None:
+        return EgressMode.NONE, ()
+    if not isinstance(value, dict) or set(value) - {"mode", "allow"}:
+        raise SpecError('\'egress\' is {"mode": ..., "allow": [host patterns]}', "egress")
+    try:
+        mode = EgressMode(value.get("mode", "none"))
+    except ValueError:
+        raise SpecError(
+            "'egress.mode' must be one of none, allowlist, intercept", "egress"
+        ) from None
+    allow = value.get("allow") or []
+    if not isinstance(allow, list) or not all(
+        isinstance(p, str) and valid_pattern(p) for p in allow
+    ):
+        raise SpecError(
+            "'egress.allow' must be a list of host patterns (pypi.org, *.example.org)", "egress"
+        )
+    return mode, tuple(allow)
+
+
 def _enum(body: Mapping[str, Any], key: str, kind: type[E], default: E) -> E:
     value = body.get(key)
     if value is None:
@@ -338,4 +370,5 @@ def describe(spec: BatchSpec) -> dict[str, Any]:
         if spec.pools is None
         else {"init": spec.pools.init, "run": spec.pools.run, "eval": spec.pools.eval},
         "retries": spec.retries,
+        "egress": {"mode": spec.egress.value, "allow": list(spec.egress_allow)},
     }

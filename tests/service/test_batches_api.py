@@ -225,6 +225,11 @@ async def test_a_retry_after_a_restart_resumes_the_batch_and_keeps_what_finished
         ({"tasks": [{"id": "x"}], "harness": "single-call"}, "tasks"),
         ({"tasks": TASKS, "harness": "single-call", "id": "bad id!"}, "id"),
         ({"tasks": TASKS, "harness": "single-call", "colour": "red"}, "colour"),
+        ({"tasks": TASKS, "harness": "single-call", "egress": {"mode": "open"}}, "egress"),
+        (
+            {"tasks": TASKS, "harness": "single-call", "egress": {"allow": ["https://x.org/"]}},
+            "egress",
+        ),
     ],
 )
 async def test_bad_requests_get_one_clear_error(

@@ -14,6 +14,7 @@ from typing import Any
 from rolltap.client import AsyncClient
 from rolltap.proxy.context import ProxySettings
 from rolltap.proxy.server import RunningProxy, start_proxy
+from rolltap.runner.egress import EgressSettings
 from rolltap.runner.harnesses import Harness, Installation, adapters, builtins
 from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.runner.service import PoolSizes, RunnerSettings, ServiceLimits, extension
@@ -53,6 +54,7 @@ async def running_service(
     encoding: str = "base64",
     concurrency: int = 8,
     admin_token: str | None = None,
+    egress: EgressSettings | None = None,
     **proxy_settings: Any,
 ) -> AsyncIterator[RunningService]:
     harnesses, installations = shell_harnesses(**(scripts or {}))
@@ -64,6 +66,7 @@ async def running_service(
         logs_root=logs,
         harnesses=harnesses,
         installations=installations,
+        egress=egress or EgressSettings(),
     )
     socket_dir = short_tmp_dir()
     group = sandbox_user().gid

@@ -176,6 +176,9 @@ async def run_batch(
             max_tokens_cap=max_tokens_cap,
             max_steps=max_steps,
             timeout=timeout,
+            egress=None
+            if egress is None or not egress.enabled
+            else f"{egress.mode.value} {' '.join(sorted(egress.allow))}".strip(),
         )
         todo, kept = await plan(
             store,

@@ -32,6 +32,8 @@ class BatchSettings:
     max_tokens_cap: int | None
     max_steps: int | None
     timeout: float | None
+    egress: str | None = None
+    """The egress mode and its allow-list (None: no egress gate)."""
 
     @classmethod
     def of(
@@ -63,6 +65,7 @@ _FLAGS = {
     "max_tokens_cap": "--max-tokens-cap",
     "max_steps": "--max-steps",
     "timeout": "--timeout",
+    "egress": "--egress/--allow-host",
 }
 
 
@@ -76,13 +79,16 @@ def check_resumable(
     now = settings.as_meta()
     for meta in recorded:
         before = meta.get("settings")
-        if not isinstance(before, dict) or before == now:
+        if not isinstance(before, dict):
             continue
+        # A setting recorded before it existed reads as unset.
         changes = [
             f"{_FLAGS[k]} {_show(before.get(k))} -> {_show(v)}"
             for k, v in now.items()
             if before.get(k) != v
         ]
+        if not changes:
+            continue
         raise BatchSettingsChanged(
             f"batch {batch_id} ran with other settings ({'; '.join(changes)}): rerun with its "
             "settings to resume it, or name a new batch with --batch"

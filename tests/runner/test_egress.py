@@ -58,6 +58,13 @@ out["allowed"] = fetch("https://%(allowed)s/simple/numpy")
 out["upload"] = fetch("https://%(allowed)s/upload", data=b"y" * 300000)
 out["denied"] = fetch("https://%(denied)s/simple/answers")
 out["loopback"] = fetch("https://127.0.0.2:%(port)d/simple/x")
+import ssl
+try:
+    plain = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, trusting no CA at all
+    urllib.request.urlopen("https://%(allowed)s/simple/untrusted", timeout=20, context=plain)
+    out["untrusting"] = "fetched"
+except OSError as e:
+    out["untrusting"] = repr(e)
 try:
     socket.getaddrinfo("%(allowed)s", 443)
     out["dns"] = "resolved"
@@ -142,6 +149,7 @@ async def test_allowed_host_passes_denied_host_is_refused_and_both_are_recorded(
     status, body = seen["loopback"]  # type: ignore[misc]
     assert status == 403
     assert "resolves to 127.0.0.2, which is not a public address" in body
+    assert "CERTIFICATE_VERIFY_FAILED" in str(seen["untrusting"])
     assert "resolved" not in str(seen["dns"])
     assert "connected" not in str(seen["raw"]), "a raw socket reached the host"
     assert rig.upstream.hits == [f"{ALLOWED_HOST} /simple/numpy"]
@@ -161,7 +169,10 @@ async def test_allowed_host_passes_denied_host_is_refused_and_both_are_recorded(
     assert "allow-list" in denied.reason
     loopback = by_path[("127.0.0.2", "/simple/x")]
     assert (loopback.verdict, loopback.status) == (EgressVerdict.DENIED, 403)
-    assert len(records) == 4, records  # the revoked sandbox's attempts never reached mitmproxy
+    untrusting = [r for r in records if r.method == "CONNECT"]
+    assert [(r.host, r.verdict) for r in untrusting] == [(ALLOWED_HOST, EgressVerdict.DENIED)]
+    assert "does it trust the egress CA?" in untrusting[0].reason
+    assert len(records) == 5, records  # the revoked sandbox's attempts never reached mitmproxy
 
 
 async def test_a_gate_that_died_is_a_clear_error_and_the_run_still_closes(rig: Rig) -> None:
@@ -196,7 +207,7 @@ async def _records(rig: Rig) -> list[EgressRecord]:
     # The gate reports as it goes; the runner flushes every FLUSH_EVERY seconds.
     for _ in range(50):
         records = await rig.store.egress(rig.rollout_id)
-        if len(records) >= 4:
+        if len(records) >= 5:
             return records
         await asyncio.sleep(0.1)
     return await rig.store.egress(rig.rollout_id)

@@ -105,13 +105,14 @@ async def proxy_host(
         os.chown(tmp, -1, group)
         tmp.chmod(0o750)
         if model is None:
-            model = await _served_model(urls[0])
+            model = await served_model(urls[0])
         assert model is not None
         say(f"proxy on {proxy.url} (sandboxes: {sock}); model {model}")
         yield ProxyHost(sock, model, proxy)
 
 
-async def _served_model(backend: str) -> str:
+async def served_model(backend: str) -> str:
+    """The first model `backend` lists."""
     url = backend.split("=", 1)[-1].rstrip("/").removesuffix("/v1") + "/v1/models"
     async with (
         aiohttp.ClientSession() as session,

@@ -73,7 +73,7 @@ async def plan(
     for task in tasks:
         for sample in range(samples):
             previous = latest.get((task.id, sample))
-            if previous is not None and _finished(previous):
+            if previous is not None and finished(previous):
                 kept.append(previous)
                 continue
             attempt = 0
@@ -98,7 +98,8 @@ async def plan(
     return todo, kept
 
 
-def _finished(view: RolloutView) -> bool:
+def finished(view: RolloutView) -> bool:
+    """Kept by a rerun: ended by the agent or its verifier, not by the machine."""
     return view.status in DONE and not view.meta.get(INFRA)
 
 
@@ -111,3 +112,25 @@ async def supersede(store: Store, old: RolloutView, new_id: str, why: str) -> No
     await store.update_rollout(
         old.id, status=RolloutStatus.CANCELLED, error=f"{why}; retried as {new_id}", meta=meta
     )
+
+
+async def next_attempt(store: Store, planned: Planned, why: str) -> Planned:
+    """A fresh attempt (new row, new key) for a sample whose attempt the machine failed; the
+    failed one is kept, marked, and points to it."""
+    old = await store.rollout(planned.rollout_id)
+    created = await store.create_rollout(
+        NewRollout(
+            batch_id=old.batch_id,
+            task_id=old.task_id,
+            sample_index=old.sample_index,
+            attempt=old.attempt + 1,
+            harness=old.harness,
+            model=old.model,
+            max_calls=old.max_calls,
+            max_tokens=old.max_tokens,
+            meta={k: v for k, v in old.meta.items() if k != "superseded_by"},
+        )
+    )
+    await store.update_rollout(old.id, meta={**old.meta, INFRA: True})
+    await supersede(store, old, created.id, f"infrastructure: {why}")
+    return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)

@@ -26,7 +26,7 @@ from rolltap.runner.egress import EgressGate, EgressMode, sandbox_env
 from rolltap.runner.egress.settings import BUNDLE_NAME
 from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
 from rolltap.runner.harnesses.base import BuiltIn
-from rolltap.runner.plan import INFRA, Planned, supersede
+from rolltap.runner.plan import INFRA, Planned, next_attempt
 from rolltap.runner.sandboxes.base import (
     INSIDE_PROXY_DIR,
     EgressRoute,
@@ -40,7 +40,7 @@ from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxError
 from rolltap.runner.sandboxes.provision import provision
 from rolltap.runner.tasks import Task
 from rolltap.runner.verify import TEST_OUTPUT, Verdict, VerifyError, verify
-from rolltap.store import NewRollout, RolloutStatus, Store
+from rolltap.store import RolloutStatus, Store
 
 log = logging.getLogger("rolltap.runner")
 
@@ -169,7 +169,7 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
                 return await _give_up(shared, current, str(failure))
             if failure.calls_made:
                 # Its calls are recorded: a fresh attempt keeps them apart from the retry's.
-                current = await _next_attempt(shared, current, str(failure))
+                current = await next_attempt(shared.store, current, str(failure))
     raise AssertionError("unreachable")
 
 
@@ -403,27 +403,6 @@ async def _give_up(shared: Shared, planned: Planned, why: str) -> RolloutResult:
     return await _finish(
         shared, planned, logs, RolloutStatus.FAILED, None, None, f"infrastructure: {why}", {}
     )
-
-
-async def _next_attempt(shared: Shared, planned: Planned, why: str) -> Planned:
-    store = shared.store
-    old = await store.rollout(planned.rollout_id)
-    created = await store.create_rollout(
-        NewRollout(
-            batch_id=old.batch_id,
-            task_id=old.task_id,
-            sample_index=old.sample_index,
-            attempt=old.attempt + 1,
-            harness=old.harness,
-            model=old.model,
-            max_calls=old.max_calls,
-            max_tokens=old.max_tokens,
-            meta={k: v for k, v in old.meta.items() if k != "superseded_by"},
-        )
-    )
-    await store.update_rollout(old.id, meta={**old.meta, INFRA: True})
-    await supersede(store, old, created.id, f"infrastructure: {why}")
-    return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)
 
 
 async def _spec(shared: Shared, planned: Planned) -> SandboxSpec:

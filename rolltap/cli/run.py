@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -18,7 +19,7 @@ from rolltap.cli.options import (
 )
 from rolltap.cli.progress import with_progress
 from rolltap.cli.report import report
-from rolltap.runner import BatchProgress, BatchSummary, run_batch
+from rolltap.runner import BatchProgress, BatchResult, BatchSummary, run_batch
 from rolltap.runner.harnesses import adapters, builtins
 from rolltap.runner.harnesses.oracle import NAME as ORACLE
 from rolltap.runner.harnesses.oracle import failed_oracle
@@ -115,6 +116,14 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="TOML: allow, intercept_hosts, upstream_ca, [resolve] (README, Egress).",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="auto|ADDRESS",
+    help="Run the rollouts on a Ray cluster (pip install 'rolltap[ray]'): each on a node that "
+    "offers the `sandbox` resource, its sandbox and proxy there; the store must be PostgreSQL "
+    "and --backend reachable from every node. auto: the cluster this machine belongs to.",
+)
 @db_option
 def run(
     tasks: Path,
@@ -141,6 +150,7 @@ def run(
     egress: str,
     allow_hosts: tuple[str, ...],
     egress_config: Path | None,
+    ray_address: str | None,
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
@@ -155,6 +165,35 @@ def run(
         selected = _select(tasks, task_ids)
     console = console_for_output()
     progress = BatchProgress()
+    if ray_address is not None:
+        if egress != "none" or proxy_socket is not None or engine_model is not None:
+            raise click.ClickException(
+                "--ray runs each rollout through its node's own proxy in front of --backend: "
+                "--egress, --proxy-socket and the built-in engine are not for Ray batches"
+            )
+        result = _on_ray(
+            console,
+            progress,
+            ray_address,
+            selected,
+            harness=harness,
+            sandbox=sandbox,
+            samples=samples,
+            backends=backends,
+            model=model,
+            batch=batch,
+            timeout=timeout,
+            db=db_url,
+            max_calls=max_calls or None,
+            max_tokens=max_tokens or None,
+            max_steps=max_steps,
+            retries=retries,
+            sandbox_image=sandbox_image,
+        )
+        report(console, result, db_url)
+        if harness == ORACLE:
+            _oracle_verdict(console, result.summary)
+        return
     result = with_progress(
         console,
         progress,
@@ -188,6 +227,30 @@ def run(
     report(console, result, db_url)
     if harness == ORACLE:
         _oracle_verdict(console, result.summary)
+
+
+def _on_ray(
+    console: Console,
+    progress: BatchProgress,
+    address: str,
+    tasks: Path | list[Task],
+    **options: Any,
+) -> BatchResult:
+    try:
+        from rolltap.runner.cluster.batch import run_batch_on_ray
+        from rolltap.runner.cluster.dispatch import NoSandboxNodes
+    except ImportError:
+        raise click.ClickException("--ray needs Ray: pip install 'rolltap[ray]'") from None
+    try:
+        return with_progress(
+            console,
+            progress,
+            lambda say: run_batch_on_ray(
+                tasks, address=address, progress=progress, say=say, **options
+            ),
+        )
+    except (ValueError, NoSandboxNodes, ConnectionError) as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _select(tasks: Path, ids: tuple[str, ...]) -> list[Task]:

@@ -40,6 +40,9 @@ class RunnerSettings:
     providers: Mapping[str, ProviderOpener] = field(default_factory=dict)
     egress: EgressSettings = field(default_factory=EgressSettings)
     """`serve --egress-config`: what batches asking for egress get (README, Egress)."""
+    ray_address: str | None = None
+    """Run batches on this Ray cluster ("auto": the one this machine belongs to) instead of in
+    this process's sandboxes (runner/cluster/)."""
 
 
 def extension(settings: RunnerSettings) -> Callable[[web.Application, ProxyContext], None]:
@@ -74,10 +77,15 @@ def service_for(ctx: ProxyContext, settings: RunnerSettings) -> Service:
         revoke_key=ctx.rollouts.revoke,
         egress=settings.egress,
     )
+    executors = local_executors(host)
+    if settings.ray_address is not None:
+        from rolltap.runner.cluster.service import ray_executors  # the optional rolltap[ray]
+
+        executors = ray_executors(ctx, settings.ray_address, model.name)
     return Service(
         ctx.store,
         GateClock(ctx.gate),
-        local_executors(host),
+        executors,
         harnesses=harnesses,
         model=model.resolve,
         limits=limits,

@@ -1,0 +1,143 @@
+"""What runs on each Ray node of a batch: its proxy, its sandbox provider, its rollouts.
+
+One `NodeAgent` per node (a Ray actor pinned to it) opens a store on the shared PostgreSQL
+database, starts a proxy there whose unix socket only this node's sandboxes reach (a replica of
+every other node's proxy: proxy/replicated.py), and runs each rollout Ray hands it through the
+usual pipeline (runner/rollout.py): sandbox, forwarder, harness, verifier, all on this node.
+Its INIT/RUN/EVAL pools are as wide as the node's `sandbox` resource, the cap Ray schedules by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import platformdirs
+
+from rolltap.runner.harnesses import NotInstalled, adapter, install, installation
+from rolltap.runner.host import proxy_host
+from rolltap.runner.plan import Planned
+from rolltap.runner.rollout import BatchProgress, Pools, RolloutResult, Shared, run_rollout
+from rolltap.runner.sandboxes.kinds import make_provider
+from rolltap.store import Store
+
+T = TypeVar("T")
+
+NODE = "ray_node"
+"""rollout.meta key: the Ray node id the attempt ran on."""
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """Everything a node needs to run a batch's rollouts (sent to every node, so picklable)."""
+
+    db_url: str
+    batch_id: str
+    harness: str
+    sandbox: str
+    backends: tuple[str, ...]
+    model: str | None
+    needs_model: bool
+    timeout: float | None = None
+    max_steps: int | None = None
+    retries: int = 2
+    """Infrastructure retries on the node itself (a sandbox that did not start); a lost node is
+    the driver's to retry (runner/cluster/dispatch.py)."""
+    sandbox_image: str | None = None
+    logs_root: Path | None = None
+    run_meta: dict[str, Any] = field(default_factory=dict)
+    task_hashes: dict[str, str] = field(default_factory=dict)
+
+
+class NodeAgent:
+    """A threaded Ray actor class (dispatch.py wraps it): `open` once, `run` per rollout (up to
+    the node's cap at once), `close`.
+
+    Its work runs on an event loop of its own, in a thread: a stdlib loop, because sandboxes
+    start as the sandbox user, which uvloop's subprocesses (Ray's async actors') cannot do.
+    """
+
+    def __init__(self, setup: NodeSetup, cap: int, node: str) -> None:
+        self._setup = setup
+        self._node = node
+        self._cap = cap
+        self._stack = contextlib.AsyncExitStack()
+        self._shared: Shared | None = None
+        # Ray's worker installs uvloop's policy; this worker process is the agent's alone.
+        asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rolltap-node", daemon=True
+        )
+        self._thread.start()
+
+    def open(self) -> str:
+        """Start this node's store, proxy and sandbox provider; the model harnesses ask for."""
+        return self._call(self._open())
+
+    def run(self, planned: Planned) -> RolloutResult:
+        return self._call(self._run(planned))
+
+    def close(self) -> None:
+        try:
+            self._call(self._stack.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _call(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    async def _open(self) -> str:
+        setup, stack = self._setup, self._stack
+        store = await Store.connect(setup.db_url)
+        stack.push_async_callback(store.close)
+        host = await stack.enter_async_context(
+            proxy_host(
+                store, backends=setup.backends, model=setup.model, needs_model=setup.needs_model
+            )
+        )
+        provider = await make_provider(setup.sandbox, image=setup.sandbox_image)
+        stack.push_async_callback(provider.close)
+        # Whatever a rollout left on this node goes with the batch, however the batch ends.
+        stack.push_async_callback(provider.sweep, setup.batch_id)
+        harness = adapter(setup.harness)
+        try:
+            installed = installation(harness)
+        except NotInstalled:
+            await asyncio.to_thread(install, harness)
+            installed = installation(harness)
+        logs_root = setup.logs_root or platformdirs.user_data_path("rolltap") / "runs"
+        self._shared = Shared(
+            store=store,
+            provider=provider,
+            harness=harness,
+            installation=installed,
+            pools=Pools.sized(self._cap, self._cap, self._cap),
+            run_id=setup.batch_id,
+            proxy_socket=host.socket,
+            model=host.model,
+            logs_root=logs_root / setup.batch_id,
+            timeout=setup.timeout,
+            max_steps=setup.max_steps,
+            retries=setup.retries,
+            progress=BatchProgress(),
+            sandbox_kind=provider.kind,
+            image=setup.sandbox_image,
+            run_meta=setup.run_meta,
+            task_hashes=setup.task_hashes,
+            revoke_key=host.revoke,
+        )
+        return host.model
+
+    async def _run(self, planned: Planned) -> RolloutResult:
+        shared = self._shared
+        assert shared is not None, "open() first"
+        # Which node ran it: where its logs are, and what to look at when a node misbehaves.
+        view = await shared.store.rollout(planned.rollout_id)
+        await shared.store.update_rollout(view.id, meta={**view.meta, NODE: self._node})
+        return await run_rollout(shared, planned)

@@ -97,6 +97,12 @@ from rolltap.store.url import resolve_url
     help="Task paths that batches name must lie under this directory.",
 )
 @click.option(
+    "--runner-ray",
+    metavar="auto|ADDRESS",
+    help="Run the rollout service's batches on this Ray cluster (pip install 'rolltap[ray]'): "
+    "each rollout on a node offering the `sandbox` resource. Needs a PostgreSQL --db.",
+)
+@click.option(
     "--workers",
     default=1,
     show_default=True,
@@ -170,6 +176,7 @@ def serve(
     runner_sandboxes: str,
     runner_concurrency: int,
     runner_tasks_root: Path | None,
+    runner_ray: str | None,
     workers: int,
     token_in: bool,
     tool_call_parser: str,
@@ -207,6 +214,12 @@ def serve(
         chat_template=None if chat_template is None else str(chat_template),
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
+    if runner_ray is not None and not runner:
+        raise click.BadParameter("give --runner too", param_hint="--runner-ray")
+    if runner_ray is not None and resolve_url(db_url).is_sqlite:
+        raise click.BadParameter(
+            "the Ray nodes share the store: give a PostgreSQL --db", param_hint="--runner-ray"
+        )
     if workers > 1 and port == 0:
         raise click.BadParameter("workers share one port: give --port", param_hint="--workers")
     if workers > 1 and runner:
@@ -235,6 +248,7 @@ def serve(
                 runner_tasks_root,
                 click.echo,
                 egress=egress,
+                ray_address=runner_ray,
             )
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--runner-sandboxes") from None

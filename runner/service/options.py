@@ -24,6 +24,7 @@ def runner_extension(
     say: Callable[[str], None],
     *,
     egress: EgressSettings | None = None,
+    ray_address: str | None = None,
 ) -> Extension:
     """Raises ValueError for a sandbox kind rolltap does not have. Gives the proxy a unix
     socket (the sandboxes' only way out) when it has none."""
@@ -52,4 +53,11 @@ def runner_extension(
         max_concurrency=concurrency,
     )
     pools = PoolSizes(concurrency, concurrency, concurrency)
-    return extension(RunnerSettings(limits=limits, pools=pools, egress=egress or EgressSettings()))
+    return extension(
+        RunnerSettings(
+            limits=limits,
+            pools=pools,
+            egress=egress or EgressSettings(),
+            ray_address=ray_address,
+        )
+    )

@@ -83,15 +83,17 @@ async def test_two_workers_share_the_port_and_record_every_call_once(tmp_path: P
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--port", "0"], "workers share one port: give --port"),
-        (["--runner"], "the rollout service runs in one process"),
+        (["--workers", "2", "--port", "0"], "workers share one port: give --port"),
+        (["--workers", "2", "--runner"], "the rollout service runs in one process"),
+        (["--runner-ray", "auto"], "give --runner too"),
+        (["--runner", "--runner-ray", "auto"], "give a PostgreSQL --db"),
     ],
 )
-def test_workers_refuse_what_they_cannot_share(
+def test_serve_refuses_what_cannot_be_shared(
     tmp_path: Path, options: list[str], message: str
 ) -> None:
     db = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    args = ["serve", "--db", db, "--backend", "http://127.0.0.1:9", "--workers", "2", *options]
+    args = ["serve", "--db", db, "--backend", "http://127.0.0.1:9", *options]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2
     assert message in result.output

@@ -3,8 +3,9 @@
     python bench/reference_forwarder.py --engine URL --port PORT [--capture]
 
 Plain, it relays each request and answer as bytes. With `--capture` it does the least any
-capturing proxy in front of vLLM must do: ask for token ids and logprobs, parse the answer, pull
-the ids and logprobs out into arrays, and strip them before the client sees the answer. It has no
+capturing proxy in front of vLLM must do: ask for token ids and logprobs, parse the answer (each
+event of a stream), pull the ids and logprobs out into arrays, and strip them before the client
+sees the answer. It has no
 store, no routing, no rollouts and no validation; proxy_bench.py runs it beside rolltap so the
 cost of capture itself (a ~10x larger engine answer parsed in Python) shows apart from rolltap's.
 Not part of rolltap.
@@ -36,8 +37,10 @@ def make_app(engine: str, capture: bool) -> web.Application:
             answer = await upstream.read()
         return web.Response(body=answer, status=upstream.status, content_type="application/json")
 
-    async def capturing(request: web.Request) -> web.Response:
+    async def capturing(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
+        if body.get("stream"):
+            return await capturing_stream(request, body)
         async with request.app[SESSION].post(
             f"{engine}/v1/chat/completions",
             data=orjson.dumps({**body, **CAPTURE_FIELDS}),
@@ -52,6 +55,39 @@ def make_app(engine: str, capture: bool) -> web.Application:
                 raise web.HTTPBadGateway(text="the engine's answer lacks ids or logprobs")
             choice["logprobs"] = None
         return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+    async def capturing_stream(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        """The same per event: each chunk parsed, its ids and logprobs pulled out and stripped,
+        the chunk written on at once; the arrays made when the stream ends."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        prompt: list[int] = []
+        ids: list[int] = []
+        logprobs: list[float] = []
+        async with request.app[SESSION].post(
+            f"{engine}/v1/chat/completions",
+            data=orjson.dumps({**body, **CAPTURE_FIELDS}),
+            headers={"Content-Type": "application/json"},
+        ) as upstream:
+            async for line in upstream.content:
+                if not line.startswith(b"data: {"):
+                    if line.strip():
+                        await response.write(line + b"\n")
+                    continue
+                chunk: dict[str, Any] = orjson.loads(line[6:])
+                prompt.extend(chunk.pop("prompt_token_ids", None) or ())
+                for choice in chunk.get("choices", ()):
+                    ids.extend(choice.pop("token_ids", None) or ())
+                    entries = (choice.get("logprobs") or {}).get("content") or ()
+                    logprobs.extend(e["logprob"] for e in entries)
+                    choice["logprobs"] = None
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        prompt_ids = np.asarray(prompt, dtype=np.int32)
+        token_ids = np.asarray(ids, dtype=np.int32)
+        if len(token_ids) != len(np.asarray(logprobs, dtype=np.float32)) or not len(prompt_ids):
+            await response.write(b'data: {"error": "the answer lacks ids or logprobs"}\n\n')
+        await response.write_eof()
+        return response
 
     async def start(app: web.Application) -> None:
         app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))

@@ -128,6 +128,7 @@ async def proxy_section(args: argparse.Namespace, tmp: str) -> None:
             contenders.append(("LiteLLM proxy", litellm(args.litellm, upstream, tmp), False))
         cpu: dict[str, float] = {}
         for name, starting, keyed in contenders:
+            print(f"  ({name}...)")
             with starting as (url, pid):
                 for stream in (False, True):
                     urls: str | list[str] = f"{url}/v1/chat/completions"
@@ -272,6 +273,7 @@ async def main() -> None:
         "--skip", nargs="*", default=[], choices=["proxy", "latency", "ray", "postgres"]
     )
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     print(f"{os.cpu_count()} cores; prompts {pb.PROMPT_TOKENS} tokens, answers {pb.ANSWER_TOKENS}")
     with tempfile.TemporaryDirectory() as tmp:
         if "proxy" not in args.skip:

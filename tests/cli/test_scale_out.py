@@ -1,5 +1,6 @@
-"""`rolltap serve --workers 2`: two processes on one port, both serving, every call recorded
-once, and orders that would reach one worker only refused on SQLite."""
+"""The scale-out flags: `rolltap serve --workers 2` (two processes on one port, both serving,
+every call recorded once, orders that would reach one worker only refused on SQLite), and what
+`serve --runner-ray` and `run --ray` refuse in one line."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ async def test_two_workers_share_the_port_and_record_every_call_once(tmp_path: P
         (["--runner", "--runner-ray", "auto"], "give a PostgreSQL --db"),
     ],
 )
-def test_serve_refuses_what_cannot_be_shared(
+def test_serve_refuses_what_it_cannot_share(
     tmp_path: Path, options: list[str], message: str
 ) -> None:
     db = f"sqlite:///{tmp_path / 'store.sqlite'}"
@@ -98,3 +99,22 @@ def test_serve_refuses_what_cannot_be_shared(
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ([], "a Ray batch's nodes share its store: give a PostgreSQL database"),
+        (["--egress", "allowlist"], "--egress, --proxy-socket and the built-in engine are not"),
+    ],
+)
+def test_run_on_ray_refuses_in_one_line(tmp_path: Path, options: list[str], message: str) -> None:
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "instruction": "hi", "test": "true"}\n')
+    db = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    args = ["run", str(tasks), "--harness", "oracle", "--ray", "auto", "--db", db, *options]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "store.sqlite").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.store import Store
+from tests.support.databases import PostgresServer
 from tests.support.processes import free_port, start_serve
 from tests.support.proxy import fake_engine
 
@@ -118,3 +120,44 @@ def test_run_on_ray_refuses_in_one_line(tmp_path: Path, options: list[str], mess
     assert message in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "store.sqlite").exists()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> Iterator[str]:
+    name = postgres.fresh()
+    try:
+        yield postgres.url(name)
+    finally:
+        postgres.drop(name)
+
+
+@pytest.mark.postgres
+async def test_workers_on_postgresql_pause_and_resume_together(tmp_path: Path, pg_url: str) -> None:
+    async with fake_engine() as engine:
+        child = start_serve(tmp_path, free_port(), pg_url, engine.url, options=["--workers", "2"])
+        try:
+            await child.ready("/health")
+            status, text = await _fresh("POST", f"{child.url}/admin/pause?wait=5")
+            assert status == 200, text
+            assert '"others":1,"held":1,"missing":[]' in text.replace(" ", "")
+            assert await _workers_paused(child.url) == {True}
+            await _fresh("POST", f"{child.url}/admin/resume", json={"weight_version": "2"})
+            assert await _workers_paused(child.url) == {False}
+        finally:
+            child.stop()
+        assert child.popen.returncode == 0, child.tail()
+
+
+async def _workers_paused(url: str) -> set[bool]:
+    """rolltap_paused as each of the two workers reports it (connections land where they may)."""
+    paused: dict[str, bool] = {}
+    for _ in range(200):
+        _, text = await _fresh("GET", f"{url}/metrics")
+        replica = _REPLICA.search(text)
+        flag = re.search(r"^rolltap_paused (\S+)$", text, re.M)
+        assert replica is not None
+        assert flag is not None
+        paused[replica.group(1)] = float(flag.group(1)) == 1.0
+        if len(paused) == 2:
+            return set(paused.values())
+    raise AssertionError("one worker answered every connection")

@@ -124,10 +124,10 @@ def _sleepers(marker: str) -> list[psutil.Process]:
 async def test_a_lost_node_s_rollouts_are_retried_elsewhere_as_new_attempts(
     world: RayWorld,
 ) -> None:
-    marker = f"sleep 2.{os.getpid()}"  # a command line only this test's rollouts have
+    marker = f"sleep 1.{os.getpid()}"  # a command line only this test's rollouts have
     tasks = _tasks(
         world.tmp / "slow.jsonl",
-        12,
+        9,
         solution=f"{marker}; echo done > answer.txt",
         test="grep -q done answer.txt",
     )
@@ -137,7 +137,7 @@ async def test_a_lost_node_s_rollouts_are_retried_elsewhere_as_new_attempts(
             address=world.cluster.address,
             harness="oracle",
             sandbox="bwrap",
-            batch="slow-12",
+            batch="slow-9",
             db=world.db,
         )
     )
@@ -146,20 +146,20 @@ async def test_a_lost_node_s_rollouts_are_retried_elsewhere_as_new_attempts(
     try:
         # Kill the node once its rollouts are under way there.
         for _ in range(600):
-            views = await store.rollouts(batch="slow-12")
+            views = await store.rollouts(batch="slow-9")
             if any(v.meta.get(NODE) == victim.node_id and v.meta.get("run") for v in views):
                 break
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("no rollout ever started on the victim node")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.3)
         victim.kill_raylet()
         result = await asyncio.wait_for(batch, 180)
 
-        views = await store.rollouts(batch="slow-12")
+        views = await store.rollouts(batch="slow-9")
     finally:
         await store.close()
-    assert result.summary.rollouts == 12
+    assert result.summary.rollouts == 9
     assert {r.status for r in result.results} == {RolloutStatus.SUCCEEDED}
     retried = [v for v in views if v.attempt > 0]
     assert retried, "no rollout was on the lost node"
@@ -172,7 +172,7 @@ async def test_a_lost_node_s_rollouts_are_retried_elsewhere_as_new_attempts(
     assert all(v.meta[NODE] != victim.node_id for v in retried)
     # One current attempt per sample, and it succeeded.
     current = {(v.task_id, v.sample_index) for v in views if not v.meta.get("superseded_by")}
-    assert len(current) == 12
+    assert len(current) == 9
     # Nothing of the lost node's sandboxes runs on.
     for _ in range(100):
         if not _sleepers(marker):

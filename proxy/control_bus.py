@@ -71,12 +71,15 @@ class Sent:
 
 
 Handler = Callable[[Order], Awaitable[None]]
+Joined = Callable[[], Awaitable[None]]
+"""Run once the bus listens, and again after each reconnection (orders sent meanwhile were
+missed: the replica takes the others' state again)."""
 
 
 class ControlBus(Protocol):
     replica_id: str
 
-    async def start(self, handler: Handler) -> None: ...
+    async def start(self, handler: Handler, joined: Joined) -> None: ...
 
     async def stop(self) -> None: ...
 
@@ -103,7 +106,7 @@ class SoloBus:
     def __init__(self) -> None:
         self.replica_id = new_replica_id()
 
-    async def start(self, handler: Handler) -> None:
+    async def start(self, handler: Handler, joined: Joined) -> None:
         return None
 
     async def stop(self) -> None:
@@ -133,12 +136,16 @@ class PostgresBus:
         self._replies: OrderedDict[str, dict[str, dict[str, dict[str, Any]]]] = OrderedDict()
         """Order id -> reply op -> replica -> args, for this replica's latest orders."""
         self._arrived = asyncio.Condition()
+        self._joined: Joined | None = None
+        self._stopping = False
 
-    async def start(self, handler: Handler) -> None:
-        self._handler = handler
+    async def start(self, handler: Handler, joined: Joined) -> None:
+        self._handler, self._joined = handler, joined
         await self._connection()
+        await joined()
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -184,16 +191,35 @@ class PostgresBus:
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, order.encode())
 
     async def _connection(self) -> asyncpg.Connection:
-        """The listening connection, opened again if the database dropped it (orders sent
-        meanwhile are missed: the next order, or a replica's hello, brings it back in line)."""
+        """The listening connection, opened again if it was lost."""
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
         conn = await asyncpg.connect(
             self._dsn, server_settings={"application_name": _NAME_PREFIX + self.replica_id}
         )
         await conn.add_listener(CHANNEL, self._received)
+        conn.add_termination_listener(self._lost)
         self._conn = conn
         return conn
+
+    def _lost(self, _conn: object) -> None:
+        """The database dropped the listening connection (a restart, a failover, a terminated
+        backend): a replica that only listens would go deaf, so listen again at once."""
+        if not self._stopping:
+            self._spawn(self._rejoin())
+
+    async def _rejoin(self, pause: float = 1.0) -> None:
+        while not self._stopping:
+            try:
+                async with self._lock:
+                    await self._connection()
+                break
+            except (OSError, asyncpg.PostgresError) as e:
+                log.warning("replica control channel: reconnecting: %s", e)
+                await asyncio.sleep(pause)
+        log.warning("replica control channel: listening again; taking the others' state")
+        if self._joined is not None and not self._stopping:
+            await self._joined()
 
     def _received(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:

@@ -157,7 +157,8 @@ class Gate:
 
     def adopt(self, snapshot: dict[str, object]) -> None:
         """Take over another replica's gate: its versions and their order, and whether it holds
-        calls (a replica that joins during a weight update holds them too)."""
+        calls (a replica that joins, or listens again, during a weight update holds them too;
+        one that missed the resume opens)."""
         history = snapshot.get("history")
         if isinstance(history, list):
             for version, epoch in history:
@@ -166,10 +167,13 @@ class Gate:
         version = snapshot.get("weight_version")
         self.weight_version = None if version is None else str(version)
         update = snapshot.get("update")
-        if isinstance(update, str):
-            self.update = WeightUpdate(UpdateMode(update), time.monotonic())
+        self.update = (
+            WeightUpdate(UpdateMode(update), time.monotonic()) if isinstance(update, str) else None
+        )
         if snapshot.get("paused"):
             self.pause()
+        else:
+            self._open.set()
 
     def _advance(self, weight_version: str) -> None:
         self.epoch += 1

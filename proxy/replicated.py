@@ -40,8 +40,12 @@ STATE_WITHIN = 2.0
 
 
 async def join(ctx: ProxyContext) -> None:
-    """Start listening; with other replicas live, take over their gate."""
-    await ctx.bus.start(lambda order: apply(ctx, order))
+    """Start listening; with other replicas live, take over their gate (again after the
+    listening connection was lost and restored)."""
+    await ctx.bus.start(lambda order: apply(ctx, order), lambda: _take_state(ctx))
+
+
+async def _take_state(ctx: ProxyContext) -> None:
     sent = await ctx.bus.publish("hello")
     if sent.peers:
         states = await ctx.bus.replies(sent, "state", STATE_WITHIN)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 
 from rolltap.proxy.engines import EngineKind
@@ -195,3 +196,28 @@ async def test_a_replica_that_starts_later_takes_over_the_gate(
             assert late.ctx.gate.epoch_of("3") == 1
     finally:
         await store.close()
+
+
+async def test_a_replica_whose_listener_is_dropped_listens_again(
+    replicas: Replicas, pg_url: str
+) -> None:
+    b = replicas.b.ctx.bus.replica_id
+    conn = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        dropped = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = $1",
+            f"rolltap-proxy {b}",
+        )
+    finally:
+        await conn.close()
+    assert dropped == 1
+    for _ in range(100):
+        if b in await replicas.a.ctx.bus.peers():
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the dropped replica never listened again")
+    paused = await _post(f"{replicas.a.url}/admin/pause")
+    assert paused["replicas"] == {"others": 1, "held": 1, "missing": []}
+    assert replicas.b.ctx.gate.paused

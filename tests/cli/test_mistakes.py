@@ -5,6 +5,7 @@ traceback, and nothing is created by the mistake or by a read-only command."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import psutil
 import pytest
 
 from tests.support.cli import ROLLTAP, rolltap
@@ -202,20 +204,31 @@ def test_ctrl_c_during_run_stops_it_cleanly(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while _statuses(tmp_path / "s.sqlite") != ["running"]:
-            assert time.monotonic() < deadline, "the rollout never started"
-            time.sleep(0.2)
+        # Ctrl-C once the harness really runs (a rollout marked running may still be spawning it).
+        sleeper = _descendant(run.pid, "sleep", timeout=60)
+        assert _statuses(tmp_path / "s.sqlite") == ["running"]
         run.send_signal(signal.SIGINT)
         _, stderr = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
             run.kill()
+    assert not sleeper.is_running() or sleeper.status() == psutil.STATUS_ZOMBIE
     assert run.returncode == 130
     assert stderr.strip().splitlines() == [
         "Error: interrupted; run the same command again to resume the batch"
     ]
     assert _statuses(tmp_path / "s.sqlite") == ["cancelled"]
+
+
+def _descendant(pid: int, name: str, timeout: float) -> psutil.Process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.name() == name:
+                    return child
+        time.sleep(0.1)
+    raise AssertionError(f"no {name} process under {pid}")
 
 
 def _statuses(path: Path) -> list[str]:

@@ -202,10 +202,15 @@ async def get_trajectory(request: web.Request) -> web.Response:
         built = await ctx.store.rollout_trajectories(rollout_id)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
-    document = rollout_dict(built)
     bridging = await ctx.store.bridging(rollout_id=rollout_id)
-    document["bridging"] = None if bridging is None else bridging.as_dict()
-    body = await asyncio.to_thread(lambda: orjson.dumps(document, default=_default))
+
+    def serialize() -> bytes:
+        # rollout_dict turns every token array into a list: as much CPU as the dump itself.
+        document = rollout_dict(built)
+        document["bridging"] = None if bridging is None else bridging.as_dict()
+        return orjson.dumps(document, default=_default)
+
+    body = await asyncio.to_thread(serialize)
     return web.Response(body=body, content_type="application/json")
 
 

@@ -137,6 +137,8 @@ async def test_workers_on_postgresql_pause_and_resume_together(tmp_path: Path, p
         child = start_serve(tmp_path, free_port(), pg_url, engine.url, options=["--workers", "2"])
         try:
             await child.ready("/health")
+            # Both workers answer (each joined the channel before it served anything).
+            assert await _workers_paused(child.url) == {False}
             status, text = await _fresh("POST", f"{child.url}/admin/pause?wait=5")
             assert status == 200, text
             assert '"others":1,"held":1,"missing":[]' in text.replace(" ", "")

@@ -101,6 +101,8 @@ class RolloutResult:
     """The last lines of the verifier's output (also meta["verifier_tail"])."""
     harness_tail: str | None = None
     """The last lines of the harness's log (also meta["harness_tail"])."""
+    harness_detail: str | None = None
+    """How the harness said it ended, in its own words (e.g. mini-swe-agent's exit status)."""
 
 
 @dataclass
@@ -381,6 +383,7 @@ async def _finish(
         logs,
         seconds,
         **tails,
+        harness_detail=(details or {}).get("harness_detail"),
     )
     progress.finished.append(result)
     return result

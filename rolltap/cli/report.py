@@ -59,11 +59,12 @@ def explain(console: Console, result: BatchResult, db_url: str | None) -> None:
         console.print(f"  {escape(r.task_id)}#{r.sample_index} {r.status.value}, reward {reward}")
         if r.error:
             console.print(f"    error:    {escape(r.error[:300])}")
-        for label, tail in (("verifier", r.verifier_tail), ("harness", r.harness_tail)):
+        if r.ending is not None:
+            said = f": {r.harness_detail}" if r.harness_detail else ""
+            console.print(f"    harness:  ended {r.ending.value}{escape(said[:200])}")
+        for label, tail in (("verifier:", r.verifier_tail), ("log:", r.harness_tail)):
             if tail:
-                console.print(
-                    f"    {label}: {' ' * (8 - len(label))}{escape(last_line(tail)[:200])}"
-                )
+                console.print(f"    {label:<9} {escape(last_line(tail)[:200])}")
         console.print(f"    logs:     {r.logs_dir}")
         console.print(f"    show:     rolltap show {r.rollout_id}{_db(db_url)}")
     if len(short) > _EXPLAINED:

@@ -74,7 +74,7 @@ def _outcome(console: Console, r: RolloutView) -> None:
     details = r.reward_details or {}
     facts = [
         f"{k} {details[k]}"
-        for k in ("ending", "harness_exit_code", "test_exit_code")
+        for k in ("ending", "harness_detail", "harness_exit_code", "test_exit_code")
         if details.get(k) is not None
     ]
     if facts:

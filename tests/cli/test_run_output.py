@@ -42,6 +42,7 @@ def test_a_batch_says_what_happened_to_each_rollout_and_why(tmp_path: Path) -> N
     ]
     why = out[out.index("why 1 rollout fell short") :]
     assert "bad#0 succeeded, reward 0" in why
+    assert "harness:  ended finished\n" in why
     assert "verifier: FAIL: hello.txt is missing" in why
     rollout = re.search(r"show:\s+rolltap show (\w+) --db s.sqlite$", why, re.M).group(1)  # type: ignore[union-attr]
     logs = Path(re.search(r"logs:\s+(\S+)", why).group(1))  # type: ignore[union-attr]

@@ -146,6 +146,9 @@ def _recorded(view: RolloutView, planned: Planned) -> RolloutResult:
         view.error,
         Path(str(view.meta.get("logs_dir", ""))),
         dict(view.meta.get("seconds") or {}),
+        verifier_tail=view.meta.get("verifier_tail"),
+        harness_tail=view.meta.get("harness_tail"),
+        harness_detail=details.get("harness_detail"),
     )
 
 

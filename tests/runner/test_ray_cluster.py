@@ -24,6 +24,7 @@ from rolltap.store import RolloutStatus, Store
 from tests.support.databases import PostgresServer
 from tests.support.fake_vllm import read_log
 from tests.support.processes import Child, free_port, reaped, start_fake_engine
+from tests.support.service import running_service
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -111,6 +112,26 @@ async def test_64_rollouts_spread_over_three_nodes_each_call_recorded_once(
     assert len({c.id for c in calls}) == 64
     # Ray placed them on all three nodes.
     assert len({v.meta[NODE] for v in views}) == 3
+
+
+async def test_the_rollout_service_runs_its_batches_on_the_cluster(world: RayWorld) -> None:
+    tasks = [{"id": f"s{i}", "instruction": f"say {i}", "test": "test -s answer.txt"} for i in "ab"]
+    store = await Store.connect(world.db)
+    try:
+        async with running_service(
+            store, world.engine.url, logs=world.tmp / "service", ray_address=world.cluster.address
+        ) as service:
+            batch = await service.client.submit(tasks, harness="single-call", samples_per_task=2)
+            groups = [g async for g in service.client.groups(batch.id)]
+        views = await store.rollouts(batch=batch.id)
+    finally:
+        await store.close()
+    assert sorted(g.task_id for g in groups) == ["sa", "sb"]
+    assert all(s.status == "succeeded" for g in groups for s in g.samples)
+    assert len(views) == 4
+    # Each ran on a Ray node, through that node's proxy, with its one call recorded.
+    nodes = {n.node_id for n in world.cluster.list_all_nodes()}
+    assert all(v.meta[NODE] in nodes and v.n_calls == 1 for v in views)
 
 
 def _sleepers(marker: str) -> list[psutil.Process]:

@@ -55,6 +55,7 @@ async def running_service(
     concurrency: int = 8,
     admin_token: str | None = None,
     egress: EgressSettings | None = None,
+    ray_address: str | None = None,
     **proxy_settings: Any,
 ) -> AsyncIterator[RunningService]:
     harnesses, installations = shell_harnesses(**(scripts or {}))
@@ -67,6 +68,7 @@ async def running_service(
         harnesses=harnesses,
         installations=installations,
         egress=egress or EgressSettings(),
+        ray_address=ray_address,
     )
     socket_dir = short_tmp_dir()
     group = sandbox_user().gid

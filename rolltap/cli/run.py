@@ -166,11 +166,7 @@ def run(
     console = console_for_output()
     progress = BatchProgress()
     if ray_address is not None:
-        if egress != "none" or proxy_socket is not None or engine_model is not None:
-            raise click.ClickException(
-                "--ray runs each rollout through its node's own proxy in front of --backend: "
-                "--egress, --proxy-socket and the built-in engine are not for Ray batches"
-            )
+        _refuse_on_ray(click.get_current_context())
         result = _on_ray(
             console,
             progress,
@@ -227,6 +223,35 @@ def run(
     report(console, result, db_url)
     if harness == ORACLE:
         _oracle_verdict(console, result.summary)
+
+
+_NOT_ON_RAY = {
+    "concurrency": "-c/--concurrency",
+    "eval_concurrency": "--eval-concurrency",
+    "proxy_socket": "--proxy-socket",
+    "engine_model": "--engine-model",
+    "engine_args": "--engine-arg",
+    "max_tokens_cap": "--max-tokens-cap",
+    "harness_from": "--harness-from",
+    "egress": "--egress",
+    "allow_hosts": "--allow-host",
+    "egress_config": "--egress-config",
+}
+"""Flags of a local batch that a Ray batch cannot honour: each node runs its own proxy in front
+of --backend, harnesses from the node's host install, as many at once as its `sandbox` cap."""
+
+
+def _refuse_on_ray(ctx: click.Context) -> None:
+    given = [
+        flag
+        for name, flag in _NOT_ON_RAY.items()
+        if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+    ]
+    if given:
+        raise click.ClickException(
+            f"{', '.join(given)}: not for a Ray batch (each node runs its own proxy in front of "
+            "--backend, as many rollouts at once as its `sandbox` resource allows)"
+        )
 
 
 def _on_ray(

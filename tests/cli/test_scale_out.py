@@ -107,7 +107,7 @@ def test_serve_refuses_what_it_cannot_share(
     ("options", "message"),
     [
         ([], "a Ray batch's nodes share its store: give a PostgreSQL database"),
-        (["--egress", "allowlist"], "--egress, --proxy-socket and the built-in engine are not"),
+        (["--egress", "allowlist", "-c", "8"], "-c/--concurrency, --egress: not for a Ray batch"),
     ],
 )
 def test_run_on_ray_refuses_in_one_line(tmp_path: Path, options: list[str], message: str) -> None:

@@ -34,6 +34,10 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 MODEL = "smollm-glm"
 CITIES = ("London", "Rome", "Oslo")
 COMPACT = '{{"name":"get_weather","arguments":{{"city":"{city}"}}}}'
+TEMPLATED = '{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}'
+"""A tool call exactly as the template renders one: copying it, the model writes answers the
+template re-renders to the same ids."""
+APPEND_ONLY = {"chat_template_kwargs": {"empty_think": False}}
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_TOOL = {
     "type": "function",
@@ -56,16 +60,16 @@ MESSAGES_TOOL = {
 }
 
 
-def few_shot() -> list[dict[str, str]]:
-    """Earlier turns in text in which the assistant wrote compact tool calls; the model copies
-    their style, which the template re-serialises."""
+def few_shot(style: str = COMPACT) -> list[dict[str, str]]:
+    """Earlier turns in text in which the assistant wrote tool calls in `style`; the model
+    copies it. The compact style is one the template re-serialises."""
     turns: list[dict[str, str]] = []
     for city in CITIES:
         turns += [
             {"role": "user", "content": f"What is the weather in {city}?"},
             {
                 "role": "assistant",
-                "content": f"<tool_call>\n{COMPACT.format(city=city)}\n</tool_call>",
+                "content": f"<tool_call>\n{style.format(city=city)}\n</tool_call>",
             },
             {"role": "user", "content": "sunny"},
             {"role": "assistant", "content": f"It is sunny in {city}."},
@@ -76,7 +80,9 @@ def few_shot() -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     template = tmp_path_factory.mktemp("template") / "glm_style.jinja"
-    template.write_text("{%- set empty_think = true %}" + QWEN3_STYLE.read_text())
+    # GLM-style unless a request turns it off (`chat_template_kwargs`): then append-only.
+    switch = "{%- if empty_think is not defined %}{%- set empty_think = true %}{%- endif %}"
+    template.write_text(switch + QWEN3_STYLE.read_text())
     started = EngineProcess.start(
         extra_args=(
             "--chat-template",
@@ -130,10 +136,12 @@ async def rollout(store: Store, proxy: RunningProxy, token_in: bool) -> Rollout:
 # -- one conversation per dialect: a tool call, its result, an answer, a second question -----
 
 
-async def chat_conversation(r: Rollout, stream: bool) -> list[tuple[str, list[str]]]:
+async def chat_conversation(
+    r: Rollout, stream: bool, style: str = COMPACT, extra: dict[str, Any] | None = None
+) -> list[tuple[str, list[str]]]:
     """(text, tool call arguments) of each answer the client received."""
     seen: list[tuple[str, list[str]]] = []
-    messages: list[dict[str, Any]] = list(few_shot())
+    messages: list[dict[str, Any]] = list(few_shot(style))
     calls: list[dict[str, Any]] = []
     async with openai.AsyncOpenAI(base_url=r.openai_url, api_key="x") as client:
         for then in ("Paris", "rainy", "Berlin"):
@@ -146,6 +154,7 @@ async def chat_conversation(r: Rollout, stream: bool) -> list[tuple[str, list[st
                 "messages": messages,
                 "tools": [CHAT_TOOL],
                 "temperature": 0,
+                **({"extra_body": extra} if extra else {}),
             }
             if stream:
                 text, calls = "", []
@@ -282,3 +291,29 @@ async def test_token_in_keeps_one_segment_of_the_engines_ids(
         b, a = await store.call_tokens(before.id), await store.call_tokens(after.id)
         held = np.concatenate([b.prompt_ids, b.choices[0].token_ids])
         assert np.array_equal(a.prompt_ids[: len(held)], held)
+
+
+async def test_append_only_template_gives_the_same_answers_either_way(
+    store: Store, proxy: RunningProxy
+) -> None:
+    """Where the template re-renders every answer to the ids sampled, token-in changes nothing
+    the client sees: greedy decoding, the same conversation, the same text and tool calls
+    (token-in whole and streamed, against normal mode's whole answers)."""
+
+    async def converse(token_in: bool, stream: bool) -> tuple[list[Any], list[Any]]:
+        r = await rollout(store, proxy, token_in=token_in)
+        seen = await chat_conversation(r, stream, style=TEMPLATED, extra=APPEND_ONLY)
+        return seen, await store.calls(r.id)
+
+    normal, normal_calls = await converse(token_in=False, stream=False)
+    assert normal[0][1], normal  # the model called the tool twice
+    assert normal[2][1], normal
+    for stream in (False, True):
+        seen, calls = await converse(token_in=True, stream=stream)
+        assert seen == normal, stream
+        assert [c.bridge for c in calls] == ["first_turn", "bridged", "bridged"]
+        for rendered, bridged in zip(normal_calls, calls, strict=True):
+            # The engine saw the same ids: the bridge is exactly what the template adds.
+            a, b = await store.call_tokens(rendered.id), await store.call_tokens(bridged.id)
+            assert np.array_equal(a.prompt_ids, b.prompt_ids)
+            assert np.array_equal(a.choices[0].token_ids, b.choices[0].token_ids)

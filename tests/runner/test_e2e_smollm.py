@@ -67,3 +67,54 @@ async def test_mini_swe_agent_on_smollm(
     view = await store.rollout(r.rollout_id)
     assert view.reward_details is not None
     assert "test_exit_code" in view.reward_details
+
+
+async def test_mini_swe_agent_token_in(
+    bounded_engine: EngineProcess, store: Store, tmp_path: Path
+) -> None:
+    """The same real harness with its rollout in token-in mode (`token_in` in the batch's meta):
+    it finishes, every call is recorded with its token-in outcome, and the batch reports
+    bridge_break_rate."""
+    harness = adapter("mini-swe-agent")
+    try:
+        installed = installation(harness)
+    except NotInstalled:
+        pytest.skip("mini-swe-agent is not installed: run `rolltap harness install mini-swe-agent`")
+    tasks = [t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file"]
+
+    async with provider_of("local", tmp_path / "boxes") as provider:
+        result = await run_batch(
+            tasks,
+            harness=harness,
+            installed=installed,
+            sandbox=provider,
+            backends=[bounded_engine.url],
+            store=store,
+            max_steps=3,
+            max_calls=6,
+            timeout=240,
+            logs_root=tmp_path / "logs",
+            meta={"token_in": True},
+        )
+
+    (r,) = result.results
+    assert r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.BUDGET_EXCEEDED), (
+        r.error,
+        r.logs_dir,
+    )
+    calls = await store.calls(r.rollout_id)
+    assert calls, f"no call reached the proxy; see {r.logs_dir}"
+    assert all(c.capture is Capture.TOKENS for c in calls if c.status.value == "ok")
+    outcomes = [c.bridge for c in calls]
+    assert outcomes[0] == "first_turn"
+    # Every call went through token-in, and none broke a chain: SmolLM2's ChatML template is
+    # append-only. mini-swe-agent drops answers it cannot use (no valid tool call, cut at the
+    # token limit) before asking again, so such a re-ask starts no conversation of its own
+    # answers: a first turn, not a break. A small model rarely gets further.
+    assert set(outcomes) <= {"first_turn", "bridged"}, outcomes
+    bridging = await store.bridging(batch_id=result.batch_id)
+    assert bridging is not None
+    assert bridging.outcomes == {o: outcomes.count(o) for o in set(outcomes)}
+    reported = bridging.as_dict()
+    assert reported["calls"] == len(calls)
+    assert reported["bridge_break_rate"] in (None, 0.0)

@@ -44,6 +44,7 @@ async def test_two_workers_share_the_port_and_record_every_call_once(tmp_path: P
             child = start_serve(tmp_path, port, db, engine.url, options=["--workers", "2"])
             try:
                 await child.ready("/health")
+                await _each_worker_metrics(child.url)  # both up, so both can take calls
                 body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
                 answers = await asyncio.gather(
                     *(
@@ -152,14 +153,24 @@ async def test_workers_on_postgresql_pause_and_resume_together(tmp_path: Path, p
 
 async def _workers_paused(url: str) -> set[bool]:
     """rolltap_paused as each of the two workers reports it (connections land where they may)."""
-    paused: dict[str, bool] = {}
-    for _ in range(200):
+    paused = set()
+    for text in (await _each_worker_metrics(url)).values():
+        flag = re.search(r"^rolltap_paused (\S+)$", text, re.M)
+        assert flag is not None
+        paused.add(float(flag.group(1)) == 1.0)
+    return paused
+
+
+async def _each_worker_metrics(url: str) -> dict[str, str]:
+    """Each of the two workers' /metrics, by replica. `ready("/health")` means one worker
+    serves; the other may still be starting, so this asks until both have answered."""
+    seen: dict[str, str] = {}
+    for _ in range(400):
         _, text = await _fresh("GET", f"{url}/metrics")
         replica = _REPLICA.search(text)
-        flag = re.search(r"^rolltap_paused (\S+)$", text, re.M)
         assert replica is not None
-        assert flag is not None
-        paused[replica.group(1)] = float(flag.group(1)) == 1.0
-        if len(paused) == 2:
-            return set(paused.values())
+        seen[replica.group(1)] = text
+        if len(seen) == 2:
+            return seen
+        await asyncio.sleep(0.05)
     raise AssertionError("one worker answered every connection")

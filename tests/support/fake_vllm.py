@@ -149,6 +149,8 @@ class FakeVLLM:
     planned: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
     """Prompt -> the ids its answer was going to have: a completions request with that prompt
     plus a prefix of them (an aborted answer resumed token-in) gets the rest."""
+    completion_text: str = "continued"
+    """What any other token-in completions request is answered (then <|im_end|>)."""
 
     def _log(self, request_id: str, sent: Sent | None = None) -> None:
         if not (self.record_requests or self.log_path):
@@ -249,7 +251,7 @@ class FakeVLLM:
             fits = prompt[:n] == list(start) and 0 <= done <= len(planned)
             if fits and prompt[n:] == planned[:done]:
                 return planned[done:]
-        return [*encode("continued"), IM_END]
+        return [*encode(self.completion_text), IM_END]
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
@@ -634,6 +636,8 @@ def main() -> None:
 
     fake = FakeVLLM(
         script=script,
+        # Token-in calls (the proxy's --token-in mode) get answers as long as chat calls.
+        completion_text=text if args.reply_tokens else "continued",
         token_delay=args.token_delay_ms / 1000,
         record_requests=False,
         log_path=args.log,
@@ -654,10 +658,6 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _cut(choice: dict[str, Any], k: int) -> dict[str, Any]:
     """A choice aborted after its first k tokens (plain text answers only)."""
     ids = choice["ids"][:k]
@@ -674,3 +674,7 @@ def _completion_logprobs(ids: list[int]) -> dict[str, Any]:
         "top_logprobs": [{t: logprob_of(i)} for t, i in zip(tokens, ids, strict=True)],
         "text_offset": list(itertools.accumulate([0, *map(len, tokens[:-1])]))[: len(ids)],
     }
+
+
+if __name__ == "__main__":
+    main()

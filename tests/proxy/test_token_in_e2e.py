@@ -15,13 +15,13 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import numpy as np
 import openai
 import pytest
+import pytest_asyncio
 
 from rolltap.engine.launch import EngineProcess
 from rolltap.proxy.server import RunningProxy
@@ -29,7 +29,7 @@ from rolltap.store import Store
 from tests.support.chats import QWEN3_STYLE
 from tests.support.proxy import new_rollout, running_proxy
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 MODEL = "smollm-glm"
 CITIES = ("London", "Rome", "Oslo")
@@ -101,9 +101,15 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
         started.stop()
 
 
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'store.sqlite'}"
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def store(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Store]:
+    """One store and one proxy for the module: each test has rollouts of its own."""
+    folder = tmp_path_factory.mktemp("store")
+    opened = await Store.connect(f"sqlite:///{folder / 'store.sqlite'}")
+    try:
+        yield opened
+    finally:
+        await opened.close()
 
 
 @dataclass
@@ -122,7 +128,7 @@ class Rollout:
         return f"{self.proxy.url}/r/{self.key}"
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def proxy(store: Store, engine: EngineProcess) -> AsyncIterator[RunningProxy]:
     async with running_proxy(store, engine.url, reasoning_parser="qwen3") as running:
         yield running

@@ -72,12 +72,13 @@ async def run_harness(
     tmp: Path,
     extra: Sequence[str] = (),
     cap: int | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Run:
     installation = installed(harness)
     for sub in ("work", "home", "logs"):
         (tmp / sub).mkdir(exist_ok=True)
     async with running_proxy(store, backend, max_tokens_cap=cap) as proxy:
-        rollout_id, key = await new_rollout(store, harness=harness.name)
+        rollout_id, key = await new_rollout(store, harness=harness.name, meta=meta or {})
         ctx = RunContext(
             instruction=INSTRUCTION,
             rollout_url=f"{proxy.url}/r/{key}",
@@ -205,6 +206,35 @@ async def test_codex_on_smollm2(smollm_engine: EngineProcess, store: Store, tmp_
     )
 
     await assert_recorded_with_tokens(store, run, CallDialect.RESPONSES)
+
+
+async def test_codex_on_smollm2_token_in(
+    smollm_engine: EngineProcess, store: Store, tmp_path: Path
+) -> None:
+    """Codex through the Responses API with its rollout in token-in mode: every call recorded
+    with its ids and its token-in outcome (the first a first turn; none a break)."""
+    instructions = tmp_path / "instructions.md"
+    instructions.write_text("You are a coding agent. Run shell commands with exec_command.\n")
+    extra = ("-c", f"model_instructions_file={instructions}", *CODEX_SMALL)
+
+    run = await run_harness(
+        Codex(),
+        store,
+        smollm_engine.url,
+        smollm_engine.model,
+        tmp_path,
+        extra,
+        cap=160,
+        meta={"token_in": True},
+    )
+
+    await assert_recorded_with_tokens(store, run, CallDialect.RESPONSES)
+    outcomes = [c.bridge for c in run.calls]
+    assert outcomes[0] == "first_turn"
+    assert set(outcomes) <= {"first_turn", "bridged"}, outcomes
+    bridging = await store.bridging(rollout_id=run.calls[0].rollout_id)
+    assert bridging is not None
+    assert bridging.as_dict()["calls"] == len(run.calls)
 
 
 async def test_claude_code_on_smollm2(

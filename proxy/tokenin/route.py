@@ -75,12 +75,13 @@ class TokenInRoute:
         self._seen_ids = 0
         self._seen_text = 0
         self._top = 0
+        self._asked_logprobs = False
         self._opened = False
         """The first chunk with a choice went out (it carries the role and the prompt ids)."""
 
     def prepare(self, chat: dict[str, Any], kind: EngineKind) -> Prepared:
         self._kind = kind
-        asked_logprobs = chat.get("logprobs") is True
+        asked_logprobs = self._asked_logprobs = chat.get("logprobs") is True
         self._top = int(chat.get("top_logprobs") or 0) if asked_logprobs else 0
         stream = chat.get("stream") is True
         options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
@@ -226,7 +227,7 @@ class TokenInRoute:
         return (
             choice.get("text") or "",
             ids,
-            _chat_logprobs(choice.get("logprobs")),
+            _chat_logprobs(choice.get("logprobs"), full=self._asked_logprobs),
             choice.get("finish_reason"),
             choice.get("stop_reason"),
             usage,
@@ -262,12 +263,15 @@ class TokenInRoute:
         return new_text, ids, logprobs, finish, stop, usage
 
 
-def _chat_logprobs(logprobs: Any) -> list[dict[str, Any]] | None:
-    """Completions logprobs (parallel lists) as chat `logprobs.content` entries."""
+def _chat_logprobs(logprobs: Any, full: bool) -> list[dict[str, Any]] | None:
+    """Completions logprobs (parallel lists) as chat `logprobs.content` entries; only the
+    logprob each when the client did not ask (capture reads no more, and they are stripped)."""
     if not isinstance(logprobs, dict):
         return None
     tokens = logprobs.get("tokens") or []
     values = logprobs.get("token_logprobs") or []
+    if not full:
+        return [{"token": t, "logprob": v} for t, v in zip(tokens, values, strict=True)]
     tops = logprobs.get("top_logprobs") or [None] * len(tokens)
     return [
         {

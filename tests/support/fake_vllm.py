@@ -62,7 +62,9 @@ def _logprob_entry(token_id: int, as_ids: bool, top: int) -> dict[str, Any]:
     return {**entry, "top_logprobs": [entry][:top]}
 
 
-def render(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+def render(
+    messages: list[dict[str, Any]], tools: list[Any] | None, generation_prompt: bool = True
+) -> list[int]:
     ids = [BOS]
     if tools:
         ids += [IM_START, *encode("system\ntools: " + orjson.dumps(tools).decode()), IM_END]
@@ -76,7 +78,7 @@ def render(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]
                 for tc in m["tool_calls"]
             )
         ids += [IM_START, *encode(f"{m.get('role')}\n{content}"), IM_END, *encode("\n")]
-    return [*ids, IM_START, *encode("assistant\n")]
+    return [*ids, IM_START, *encode("assistant\n")] if generation_prompt else ids
 
 
 @dataclass
@@ -268,7 +270,7 @@ class FakeVLLM:
         body = orjson.loads(await request.read())
         if self.record_requests:
             self.requests.append((request.path, CIMultiDict(request.headers), body))
-        ids = render(body["messages"], body.get("tools"))
+        ids = render(body["messages"], body.get("tools"), body.get("add_generation_prompt", True))
         return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:

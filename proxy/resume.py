@@ -23,7 +23,7 @@ from typing import Any
 
 COMPLETIONS_PATH = "/v1/completions"
 
-_CARRIED = (
+CARRIED_OPTIONS = (
     "model",
     "temperature",
     "top_p",
@@ -41,14 +41,14 @@ _CARRIED = (
     "skip_special_tokens",
     "cache_salt",
 )
-"""Options of the aborted chat request that mean the same in a completions request."""
+"""Chat request options that mean the same in a completions request (also token-in's route)."""
 
 
 def continuation_request(
     chat: dict[str, Any], prompt_ids: list[int], partial_ids: list[int]
 ) -> dict[str, Any]:
     """The completions request continuing `chat` (the engine request that was aborted)."""
-    body: dict[str, Any] = {k: chat[k] for k in _CARRIED if chat.get(k) is not None}
+    body: dict[str, Any] = {k: chat[k] for k in CARRIED_OPTIONS if chat.get(k) is not None}
     body["prompt"] = [*prompt_ids, *partial_ids]
     body["logprobs"] = 0  # the sampled token's logprob, as the chat request asked
     body["return_token_ids"] = True

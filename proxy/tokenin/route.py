@@ -12,32 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from rolltap.proxy.engines import EngineKind, Prepared
+from rolltap.proxy.resume import CARRIED_OPTIONS, COMPLETIONS_PATH
 from rolltap.proxy.strip import Extras
 from rolltap.proxy.tokenin.parse import AnswerParser, Delta
 
-COMPLETIONS_PATH = "/v1/completions"
 SGLANG_PATH = "/generate"
 
-_CARRIED = (
-    "model",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "cache_salt",
-    "stream",
-)
-"""Chat options that mean the same in a completions request."""
+# The same options as a resumed continuation carries, and the client's choice to stream.
+_CARRIED = (*CARRIED_OPTIONS, "stream")
 
 _SGLANG_SAMPLING = {
     "temperature": "temperature",

@@ -2,9 +2,10 @@
 https://api.openai.com and Claude Code to https://api.anthropic.com with keys of their own, and
 their calls land in the rollout with token ids, the episode solving the task's real test.
 
-The engine is the fake vLLM of test_harness_rollouts (a real server speaking vLLM's protocol,
-token ids included): SmolLM2's 8k context cannot hold either harness's first prompt (Codex
-sends ~10k tokens), and a longer one takes minutes on a CPU (README, Egress)."""
+The whole-episode tests use the fake vLLM of test_harness_rollouts (a real server speaking
+vLLM's protocol, token ids included), which solves the task; one Codex test runs on the real
+SmolLM2 engine, its prompt shortened to fit the model's 8k context (Codex's default first prompt
+is ~10k tokens)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rolltap.engine.launch import EngineProcess
 from rolltap.runner import run_batch
 from rolltap.runner.egress import EgressMode, EgressSettings
 from rolltap.runner.harnesses import (
@@ -28,6 +30,7 @@ from rolltap.runner.harnesses import (
 )
 from rolltap.runner.tasks import load_tasks
 from rolltap.store import Capture, EgressVerdict, RolloutStatus, Store
+from tests.proxy.test_harness_binaries import CODEX_SMALL, with_args
 from tests.runner.test_harness_rollouts import EPISODES, agent_script
 from tests.support.egress import require_gate
 from tests.support.fake_vllm import FakeVLLM
@@ -123,3 +126,74 @@ async def test_a_harness_on_its_default_host_is_captured_into_the_rollout(
     assert intercepted, egress
     assert all(e.host == host for e in intercepted), egress
     assert any(e.status == 200 and e.response_bytes > 0 for e in intercepted), egress
+
+
+@dataclass(frozen=True)
+class SmallCodex:
+    """Codex on its default host with its prompt cut to fit SmolLM2's 8k context, as
+    tests/proxy/test_harness_binaries.py::test_codex_on_smollm2 does (short instructions, the
+    optional tools off)."""
+
+    inner: DefaultHost
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def launch(self, ctx: RunContext, installation: Installation) -> Launch:
+        launch = self.inner.launch(ctx, installation)
+        instructions = ctx.home / "instructions.md"
+        files = {**launch.files, instructions: "You are a coding agent. Run shell commands.\n"}
+        # CODEX_SMALL without its first option, which tunes a `rolltap` provider this launch
+        # does not have (Codex uses its built-in openai provider here).
+        extra = ("-c", f"model_instructions_file={instructions}", *CODEX_SMALL[2:])
+        return with_args(replace(launch, files=files), extra)
+
+    def classify(self, ctx: RunContext, exit: HarnessExit) -> Outcome:
+        return self.inner.classify(ctx, exit)
+
+
+async def test_codex_on_its_default_host_is_captured_from_the_built_in_engine(
+    smollm_engine: EngineProcess, store: Store, tmp_path: Path
+) -> None:
+    """The same capture with the real SmolLM2 engine behind the proxy: the ids recorded are the
+    ones the engine sampled for Codex's call to api.openai.com. The small model rarely solves
+    the task; what matters is that its calls land in the rollout."""
+    require_gate()
+    harness = adapter("codex")
+    try:
+        installed = installation(harness)
+    except NotInstalled:
+        pytest.skip("codex is not installed: run `rolltap harness install codex`")
+    hello = next(t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file")
+
+    async with provider_of("bwrap", tmp_path / "boxes") as provider:
+        result = await run_batch(
+            [hello],
+            harness=SmallCodex(DefaultHost(harness)),  # type: ignore[arg-type]
+            installed=installed,
+            harness_from="host",
+            sandbox=provider,
+            backends=[smollm_engine.url],
+            model=smollm_engine.model,
+            store=store,
+            max_steps=3,
+            max_tokens_cap=160,
+            timeout=240,
+            logs_root=tmp_path / "logs",
+            egress=EgressSettings(mode=EgressMode.INTERCEPT),
+        )
+
+    (r,) = result.results
+    calls = await store.calls(r.rollout_id)
+    assert calls, f"nothing reached the rollout ({r.error}, logs {r.logs_dir})"
+    answered = [c for c in calls if c.status.value == "ok"]
+    assert answered, [(c.status, c.error) for c in calls]
+    assert all(c.capture is Capture.TOKENS for c in answered)
+    tokens = await store.call_tokens(answered[0].id)
+    assert len(tokens.prompt_ids) > 100
+    assert tokens.choices[0].token_ids.size > 0
+    intercepted = [
+        e for e in await store.egress(r.rollout_id) if e.verdict is EgressVerdict.INTERCEPTED
+    ]
+    assert intercepted
+    assert all(e.host == "api.openai.com" for e in intercepted)

@@ -3,9 +3,9 @@ https://api.openai.com and Claude Code to https://api.anthropic.com with keys of
 their calls land in the rollout with token ids, the episode solving the task's real test.
 
 The whole-episode tests use the fake vLLM of test_harness_rollouts (a real server speaking
-vLLM's protocol, token ids included), which solves the task; one Codex test runs on the real
-SmolLM2 engine, its prompt shortened to fit the model's 8k context (Codex's default first prompt
-is ~10k tokens)."""
+vLLM's protocol, token ids included), which solves the task; both harnesses also run on the real
+SmolLM2 engine, their prompts shortened to fit the model's 8k context (Codex's default first
+prompt is ~10k tokens)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from rolltap.runner.harnesses import (
 )
 from rolltap.runner.tasks import load_tasks
 from rolltap.store import Capture, EgressVerdict, RolloutStatus, Store
-from tests.proxy.test_harness_binaries import CODEX_SMALL, with_args
+from tests.proxy.test_harness_binaries import CLAUDE_SMALL, CODEX_SMALL, with_args
 from tests.runner.test_harness_rollouts import EPISODES, agent_script
 from tests.support.egress import require_gate
 from tests.support.fake_vllm import FakeVLLM
@@ -129,10 +129,9 @@ async def test_a_harness_on_its_default_host_is_captured_into_the_rollout(
 
 
 @dataclass(frozen=True)
-class SmallCodex:
-    """Codex on its default host with its prompt cut to fit SmolLM2's 8k context, as
-    tests/proxy/test_harness_binaries.py::test_codex_on_smollm2 does (short instructions, the
-    optional tools off)."""
+class Shortened:
+    """A harness on its default host with its prompt cut to fit SmolLM2's 8k context, as
+    tests/proxy/test_harness_binaries.py's SmolLM2 tests do (short instructions, few tools)."""
 
     inner: DefaultHost
 
@@ -141,6 +140,8 @@ class SmallCodex:
 
     def launch(self, ctx: RunContext, installation: Installation) -> Launch:
         launch = self.inner.launch(ctx, installation)
+        if self.inner.name == "claude-code":
+            return with_args(launch, CLAUDE_SMALL)
         instructions = ctx.home / "instructions.md"
         files = {**launch.files, instructions: "You are a coding agent. Run shell commands.\n"}
         # CODEX_SMALL without its first option, which tunes a `rolltap` provider this launch
@@ -152,24 +153,25 @@ class SmallCodex:
         return self.inner.classify(ctx, exit)
 
 
-async def test_codex_on_its_default_host_is_captured_from_the_built_in_engine(
-    smollm_engine: EngineProcess, store: Store, tmp_path: Path
+@pytest.mark.parametrize(("name", "cap"), [("codex", 160), ("claude-code", 96)])
+async def test_a_harness_on_its_default_host_is_captured_from_the_built_in_engine(
+    name: str, cap: int, smollm_engine: EngineProcess, store: Store, tmp_path: Path
 ) -> None:
     """The same capture with the real SmolLM2 engine behind the proxy: the ids recorded are the
-    ones the engine sampled for Codex's call to api.openai.com. The small model rarely solves
-    the task; what matters is that its calls land in the rollout."""
+    ones the engine sampled for the harness's call to its vendor's host. The small model rarely
+    solves the task; what matters is that its calls land in the rollout."""
     require_gate()
-    harness = adapter("codex")
+    harness = adapter(name)
     try:
         installed = installation(harness)
     except NotInstalled:
-        pytest.skip("codex is not installed: run `rolltap harness install codex`")
+        pytest.skip(f"{name} is not installed: run `rolltap harness install {name}`")
     hello = next(t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file")
 
     async with provider_of("bwrap", tmp_path / "boxes") as provider:
         result = await run_batch(
             [hello],
-            harness=SmallCodex(DefaultHost(harness)),  # type: ignore[arg-type]
+            harness=Shortened(DefaultHost(harness)),  # type: ignore[arg-type]
             installed=installed,
             harness_from="host",
             sandbox=provider,
@@ -177,7 +179,7 @@ async def test_codex_on_its_default_host_is_captured_from_the_built_in_engine(
             model=smollm_engine.model,
             store=store,
             max_steps=3,
-            max_tokens_cap=160,
+            max_tokens_cap=cap,
             timeout=240,
             logs_root=tmp_path / "logs",
             egress=EgressSettings(mode=EgressMode.INTERCEPT),
@@ -192,8 +194,9 @@ async def test_codex_on_its_default_host_is_captured_from_the_built_in_engine(
     tokens = await store.call_tokens(answered[0].id)
     assert len(tokens.prompt_ids) > 100
     assert tokens.choices[0].token_ids.size > 0
+    host = "api.anthropic.com" if name == "claude-code" else "api.openai.com"
     intercepted = [
         e for e in await store.egress(r.rollout_id) if e.verdict is EgressVerdict.INTERCEPTED
     ]
     assert intercepted
-    assert all(e.host == "api.openai.com" for e in intercepted)
+    assert all(e.host == host for e in intercepted)

@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -58,10 +59,14 @@ def engine(token_delay_ms: float) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def rolltap(upstream: str, workers: int, tmp: str) -> Iterator[tuple[str, int]]:
-    """`rolltap serve` capturing into a fresh SQLite file under `tmp`."""
+def rolltap(
+    upstream: str, workers: int, tmp: str, *, journal: bool = False
+) -> Iterator[tuple[str, int]]:
+    """`rolltap serve` capturing into a fresh SQLite file under `tmp` (`journal`: its calls'
+    records into a plain file instead, bench/journal_serve.py)."""
     port = pb.free_port()
-    cmd = [sys.executable, "-m", "rolltap.cli.main", "serve", "--backend", upstream]
+    program = [str(ROOT / "bench" / "journal_serve.py")] if journal else ["-m", "rolltap.cli.main"]
+    cmd = [sys.executable, *program, "serve", "--backend", upstream]
     cmd += ["--db", f"sqlite:///{tmp}/w{workers}-{port}.sqlite", "--port", str(port)]
     cmd += ["--workers", str(workers)]
     with pb.process(cmd, f"http://127.0.0.1:{port}") as pid:
@@ -157,33 +162,46 @@ async def proxy_section(args: argparse.Namespace, tmp: str) -> None:
 
 
 async def latency_section(args: argparse.Namespace, tmp: str) -> None:
-    print("added latency at one client (non-streaming, engine answers at once), p50:")
+    rounds = args.latency_rounds
+    print(
+        f"added latency at one client (non-streaming, engine answers at once), p50, median of "
+        f"{rounds} interleaved rounds of {args.duration:g} s each:"
+    )
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(engine(0.0))
-        direct = await pb.drive(f"{upstream}/v1/chat/completions", False, 1, args.duration)
-        base = direct.pct(direct.latencies, 0.5)
-        print(f"  engine direct            {base:7.2f} ms")
-        added: dict[str, float] = {}
         contenders = [
             ("bare capturing forwarder", forwarder(upstream), False),
             ("rolltap --workers 1", rolltap(upstream, 1, tmp), True),
         ]
         if Path("/dev/shm").is_dir():
-            # The same commit on tmpfs, where it costs no disk: what durability itself costs.
+            # The same commit on tmpfs, where it costs no disk: what the disk itself costs.
             shm = stack.enter_context(tempfile.TemporaryDirectory(dir="/dev/shm"))
             contenders.append(("rolltap, store on tmpfs", rolltap(upstream, 1, shm), True))
+        # Each record appended to a plain file instead (bench/journal_serve.py): what the
+        # store's transaction and the hand-off to its thread cost; the rest is rolltap's own.
+        journal = rolltap(upstream, 1, tmp, journal=True)
+        contenders.append(("rolltap, record to a file", journal, True))
+        urls: dict[str, str | list[str]] = {}
         for name, starting, keyed in contenders:
-            with starting as (url, _):
-                urls: str | list[str] = f"{url}/v1/chat/completions"
-                if keyed:
-                    urls = await pb.rollout_urls(url, "/v1/chat/completions", 1)
-                result = await pb.drive(urls, False, 1, args.duration)
-                added[name] = result.pct(result.latencies, 0.5) - base
-                print(f"  {name:<24} +{added[name]:6.2f} ms")
-        floor = added["bare capturing forwarder"]
-        print(f"  rolltap / forwarder    {added['rolltap --workers 1'] / floor:6.2f} x")
-        if "rolltap, store on tmpfs" in added:
-            print(f"  tmpfs / forwarder      {added['rolltap, store on tmpfs'] / floor:6.2f} x")
+            url, _ = stack.enter_context(starting)
+            path = "/v1/chat/completions"
+            urls[name] = await pb.rollout_urls(url, path, 1) if keyed else f"{url}{path}"
+        added: dict[str, list[float]] = {name: [] for name in urls}
+        for _ in range(rounds):
+            # Each round measures the engine again, so a noisy minute shifts all alike.
+            direct = await pb.drive(f"{upstream}/v1/chat/completions", False, 1, args.duration)
+            base = direct.pct(direct.latencies, 0.5)
+            for name, url in urls.items():
+                result = await pb.drive(url, False, 1, args.duration)
+                added[name].append(result.pct(result.latencies, 0.5) - base)
+        median = {name: statistics.median(values) for name, values in added.items()}
+        for name, value in median.items():
+            rounds_text = " ".join(f"{v:.2f}" for v in added[name])
+            print(f"  {name:<26} +{value:6.2f} ms   (rounds: {rounds_text})")
+        floor = median["bare capturing forwarder"]
+        for name in ("rolltap --workers 1", "rolltap, store on tmpfs", "rolltap, record to a file"):
+            if name in median:
+                print(f"  {name + ' / forwarder':<38} {median[name] / floor:6.2f} x")
 
 
 async def ray_section(args: argparse.Namespace, tmp: str) -> None:
@@ -278,6 +296,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--litellm", help="LiteLLM's `litellm` executable (its own venv)")
     parser.add_argument("--ray-rollouts", type=int, default=48)
+    parser.add_argument("--latency-rounds", type=int, default=3)
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["proxy", "latency", "ray", "postgres"]
     )

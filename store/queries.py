@@ -6,12 +6,13 @@ directly, async code runs them with `AsyncConnection.run_sync` (aiosqlite or asy
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, Select, bindparam, case, exists, func, null, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 
 from rolltap.store import compress
 from rolltap.store.bridging import Bridging
@@ -392,14 +393,13 @@ _LOCK_ROLLOUTS = (
     .order_by(R.c.id)
     .with_for_update()
 )
-_LAST = (
-    select(C.c.rollout_id, func.max(C.c.seq).label("seq"))
-    .where(C.c.rollout_id.in_(bindparam("ids", expanding=True)))
-    .group_by(C.c.rollout_id)
-    .subquery()
-)
-_CHAIN_ENDS = select(C.c.rollout_id, C.c.seq, C.c.hash).select_from(
-    C.join(_LAST, (C.c.rollout_id == _LAST.c.rollout_id) & (C.c.seq == _LAST.c.seq))
+# Each rollout's last seq as a correlated max: one index seek per rollout on SQLite and
+# PostgreSQL alike, where a grouped max over the rollouts' calls reads every call they have.
+_LAST_SEQ = select(func.max(C.c.seq)).where(C.c.rollout_id == R.c.id).correlate(R).scalar_subquery()
+_CHAIN_ENDS = (
+    select(R.c.id, C.c.seq, C.c.hash)
+    .select_from(R.join(C, (C.c.rollout_id == R.c.id) & (C.c.seq == _LAST_SEQ)))
+    .where(R.c.id.in_(bindparam("ids", expanding=True)))
 )
 
 
@@ -419,15 +419,39 @@ def lock_chain_ends(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, C
     SQLite the writer's BEGIN IMMEDIATE already holds the database's write lock. The last call is
     read by a second statement: one statement would keep the snapshot it took before waiting.
     """
+    ids = tuple(rollout_ids)
     if conn.dialect.name == "postgresql":
-        conn.execute(_LOCK_ROLLOUTS, {"ids": list(rollout_ids)})
-    rows = conn.execute(_CHAIN_ENDS, {"ids": list(rollout_ids)})
-    last = {rid: (seq, stored) for rid, seq, stored in rows}
+        _by_ids(conn, "lock", ids)
+    last = {rid: (seq, stored) for rid, seq, stored in _by_ids(conn, "ends", ids)}
     ends = {}
     for rid in rollout_ids:
         seq, stored = last.get(rid, (0, None))
         ends[rid] = ChainEnd(int(seq) + 1, prev_of(stored))
     return ends
+
+
+_BY_IDS = {"lock": _LOCK_ROLLOUTS, "ends": _CHAIN_ENDS}
+
+
+def _by_ids(conn: Connection, name: str, ids: tuple[str, ...]) -> Any:
+    """Run a statement of _BY_IDS. Every call's transaction does: as driver SQL rendered once
+    per dialect and id count it skips Core's per-execution expansion of the IN list, a third of
+    a lone call's commit."""
+    if conn.dialect.paramstyle not in ("qmark", "numeric_dollar"):
+        return conn.execute(_BY_IDS[name], {"ids": list(ids)})
+    return conn.exec_driver_sql(_rendered(name, conn.dialect, len(ids)), ids)
+
+
+@functools.lru_cache(maxsize=256)
+def _rendered(name: str, dialect: Dialect, n: int) -> str:
+    """A statement of _BY_IDS as the driver's SQL for `n` ids, its only (positional) parameters."""
+    compiled = (
+        _BY_IDS[name]
+        .params(ids=[""] * n)
+        .compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
+    )
+    assert compiled.positiontup == [f"ids_{i}" for i in range(1, n + 1)]
+    return str(compiled)
 
 
 def chain_end(conn: Connection, rollout_id: str) -> tuple[int, str]:

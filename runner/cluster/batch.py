@@ -110,6 +110,7 @@ async def run_batch_on_ray(
             logs_root=logs_root,
             run_meta=harness_metadata(adapter_, installed_from, settings),
             task_hashes=await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in loaded}),
+            tasks=tuple({p.task.id: p.task for p in todo}.values()),
         )
         connect(address)
         dispatch = RayDispatch(setup, store, retries=retries)

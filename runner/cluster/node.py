@@ -4,6 +4,7 @@ One `NodeAgent` per node (a Ray actor pinned to it) opens a store on the shared 
 database, starts a proxy there whose unix socket only this node's sandboxes reach (a replica of
 every other node's proxy: proxy/replicated.py), and runs each rollout Ray hands it through the
 usual pipeline (runner/rollout.py): sandbox, forwarder, harness, verifier, all on this node.
+Before it takes any rollout it builds the images of the batch's tasks (prebuild.py).
 Its INIT/RUN/EVAL pools are as wide as the node's `sandbox` resource, the cap Ray schedules by.
 """
 
@@ -19,11 +20,13 @@ from typing import Any, TypeVar
 
 import platformdirs
 
+from rolltap.runner.cluster.prebuild import prebuild
 from rolltap.runner.harnesses import NotInstalled, adapter, install, installation
 from rolltap.runner.host import proxy_host
 from rolltap.runner.plan import Planned
 from rolltap.runner.rollout import BatchProgress, Pools, RolloutResult, Shared, run_rollout
 from rolltap.runner.sandboxes.kinds import make_provider
+from rolltap.runner.tasks import Task
 from rolltap.store import Store
 
 T = TypeVar("T")
@@ -52,6 +55,9 @@ class NodeSetup:
     logs_root: Path | None = None
     run_meta: dict[str, Any] = field(default_factory=dict)
     task_hashes: dict[str, str] = field(default_factory=dict)
+    tasks: tuple[Task, ...] = ()
+    """The batch's tasks still to run: their images are built on each node before it starts
+    rollouts (prebuild.py)."""
 
 
 class NodeAgent:
@@ -105,6 +111,8 @@ class NodeAgent:
         stack.push_async_callback(provider.close)
         # Whatever a rollout left on this node goes with the batch, however the batch ends.
         stack.push_async_callback(provider.sweep, setup.batch_id)
+        if setup.sandbox_image is None:
+            await prebuild(provider, setup.tasks)
         harness = adapter(setup.harness)
         try:
             installed = installation(harness)

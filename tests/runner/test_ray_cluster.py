@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -20,10 +22,13 @@ import pytest
 
 from rolltap.runner.cluster.batch import run_batch_on_ray
 from rolltap.runner.cluster.node import NODE
+from rolltap.runner.sandboxes.docker import BASE_IMAGE
+from rolltap.runner.tasks import load_tasks
 from rolltap.store import RolloutStatus, Store
 from tests.support.databases import PostgresServer
 from tests.support.fake_vllm import read_log
 from tests.support.processes import Child, free_port, reaped, start_fake_engine
+from tests.support.sandboxes import open_provider
 from tests.support.service import running_service
 
 ray = pytest.importorskip("ray")
@@ -36,6 +41,7 @@ pytestmark = [
 ]
 
 SANDBOXES_PER_NODE = 4
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
 @dataclass
@@ -132,6 +138,51 @@ async def test_the_rollout_service_runs_its_batches_on_the_cluster(world: RayWor
     # Each ran on a Ray node, through that node's proxy, with its one call recorded.
     nodes = {n.node_id for n in world.cluster.list_all_nodes()}
     assert all(v.meta[NODE] in nodes and v.n_calls == 1 for v in views)
+
+
+async def test_each_node_builds_the_task_images_before_its_first_rollout(
+    world: RayWorld,
+) -> None:
+    provider = await open_provider("docker", world.tmp)  # skips without a docker daemon
+    try:
+        root = world.tmp / "image-tasks"
+        for name, step in (("quick", "true"), ("slow", "sleep 4")):
+            # Fresh content each run, so each image is built here, not found from an earlier run.
+            task = root / f"img-{name}"
+            shutil.copytree(EXAMPLES / "hello-file", task)
+            run = f"RUN {step} && echo {secrets.token_hex(6)} > /etc/built"
+            (task / "environment" / "Dockerfile").write_text(
+                f"FROM {BASE_IMAGE}\nWORKDIR /app\n{run}\n"
+            )
+        result = await run_batch_on_ray(
+            root,
+            address=world.cluster.address,
+            harness="oracle",
+            sandbox="docker",
+            samples=2,
+            batch="images-4",
+            db=world.db,
+        )
+        assert {r.status for r in result.results} == {RolloutStatus.SUCCEEDED}
+        loaded = {t.id: t for t in load_tasks(root)}
+        built = [
+            await provider.run(provider.raw.inspect_image, await provider.task_image(t))
+            for t in loaded.values()
+        ]
+        store = await Store.connect(world.db)
+        try:
+            views = await store.rollouts(batch="images-4")
+        finally:
+            await store.close()
+    finally:
+        await provider.close()
+    # Docker writes nanoseconds; datetime takes microseconds.
+    created = [datetime.fromisoformat(b["Created"][:26] + "+00:00") for b in built]
+    started = [v.started_at for v in views if v.started_at is not None]
+    assert len(started) == 4
+    # Built on the nodes before any rollout started; built lazily, the quick task's rollouts
+    # would start while the slow image was still building.
+    assert max(created) < min(started), (created, started)
 
 
 def _sleepers(marker: str) -> list[psutil.Process]:

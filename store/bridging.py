@@ -1,9 +1,10 @@
 """How often token-in calls continued their conversation's ids: `bridge_break_rate`.
 
 Each call of a token-in rollout records `bridged` or the reason code of its fallback
-(proxy/tokenin/lineage.py). A first turn (a new conversation, a side call) breaks nothing; any
-other fallback breaks a conversation's token chain. The rate is breaks over the calls that
-continue a conversation: bridged calls and breaks.
+(proxy/tokenin/lineage.py). A first turn (a new conversation, a side call) breaks nothing, nor
+does a harness asking again without the answer it dropped (a new chain from an earlier
+request); any other fallback breaks a conversation's token chain. The rate is breaks over the
+calls that continue a conversation: bridged calls and breaks.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from typing import Any
 
 BRIDGED = "bridged"
 FIRST_TURN = "first_turn"
+ANSWER_DROPPED = "answer_dropped"
+NEW_CHAINS = frozenset({FIRST_TURN, ANSWER_DROPPED})
+"""Fallbacks that start a chain rather than break one."""
 
 
 def break_rate(outcomes: Mapping[str, float]) -> float | None:
     """Breaks over calls that continue a conversation; None when no call did."""
-    breaks = sum(n for outcome, n in outcomes.items() if outcome not in (BRIDGED, FIRST_TURN))
+    breaks = sum(
+        n for outcome, n in outcomes.items() if outcome != BRIDGED and outcome not in NEW_CHAINS
+    )
     continuing = breaks + outcomes.get(BRIDGED, 0)
     return breaks / continuing if continuing else None
 

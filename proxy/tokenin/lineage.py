@@ -8,8 +8,8 @@ with equal arguments; reasoning and call ids may be dropped or changed), then on
 and user messages. Turns are found by a hash over the message prefix, so conversations running
 side by side under one key (sub-agents, title calls) each find their own and never another's.
 
-When no turn is continued, `find` says why, by reason code: every code but `first_turn` is a
-break of the conversation's token chain (store/bridging.py counts them).
+When no turn is continued, `find` says why, by reason code: every code but `first_turn` and
+`answer_dropped` is a break of the conversation's token chain (store/bridging.py counts them).
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from typing import Any
 
 import orjson
 
-from rolltap.store.bridging import FIRST_TURN
+from rolltap.store.bridging import ANSWER_DROPPED, FIRST_TURN
 
 # FIRST_TURN: the request continues no conversation this proxy has seen (a new one, a side
-# call); BRIDGED: it continues one. The rest are fallbacks that break a conversation's chain.
+# call); ANSWER_DROPPED: it is an earlier request plus new messages, without the answer that
+# request got (mini-swe-agent drops an answer it cannot parse and asks again); BRIDGED: it
+# continues an answer. The rest are fallbacks that break a conversation's chain.
 HISTORY_EDITED = "history_edited"
 """The request shares a beginning with a known conversation but not a whole earlier request
 (compaction, an edited or dropped message)."""
@@ -159,7 +161,9 @@ class Lineages:
             None,
         )
         if last is None:
-            return FIRST_TURN
+            # A whole earlier request leads this one: its answer was left out.
+            dropped = any(h in self._turns for h in hashes[1:-1])
+            return ANSWER_DROPPED if dropped else FIRST_TURN
         turns = self._turns.get(hashes[last])
         if not turns:
             known = any(h in self._known for h in hashes[1 : last + 1])

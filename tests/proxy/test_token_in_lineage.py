@@ -13,6 +13,7 @@ import pytest
 from rolltap.engine.chat import ChatRenderer
 from rolltap.proxy.tokenin.bridge import Bridges, LocalTemplate
 from rolltap.proxy.tokenin.lineage import (
+    ANSWER_DROPPED,
     ASSISTANT_REWRITTEN,
     FIRST_TURN,
     HISTORY_EDITED,
@@ -110,6 +111,10 @@ def test_a_harness_may_drop_reasoning_respell_arguments_and_remint_ids() -> None
     ("history", "reason"),
     [
         ([user("Hi")], FIRST_TURN),
+        # The same request again (a retry, a resample): a first turn, as it was.
+        ([SYSTEM, user("Hi")], FIRST_TURN),
+        # Its answer dropped and asked again (mini-swe-agent after a format error).
+        ([SYSTEM, user("Hi"), user("Use the bash tool.")], ANSWER_DROPPED),
         # Few-shot assistant turns of a conversation never seen: a new conversation.
         ([user("Q"), assistant("A"), user("Hi")], FIRST_TURN),
         # Compaction: the first request's opening is kept, the rest rewritten.

@@ -91,6 +91,16 @@ class Reply:
     reasoning: str | None = None
 
 
+def generated(reply: Reply, text: str) -> str:
+    """What the model writes for `reply` whose visible text is `text`: its reasoning in
+    <think>, then the text, then each tool call as a hermes <tool_call> block."""
+    raw = text if reply.reasoning is None else f"<think>{reply.reasoning}</think>{text}"
+    for tc in reply.tool_calls or ():
+        call = {"name": tc["name"], "arguments": orjson.loads(tc["arguments"])}
+        raw += "<tool_call>" + orjson.dumps(call).decode() + "</tool_call>"
+    return raw
+
+
 def default_script(body: dict[str, Any]) -> Reply:
     last = body["messages"][-1].get("content") or ""
     if isinstance(last, list):
@@ -153,6 +163,9 @@ class FakeVLLM:
     plus a prefix of them (an aborted answer resumed token-in) gets the rest."""
     completion_text: str = "continued"
     """What any other token-in completions request is answered (then <|im_end|>)."""
+    completion_script: Callable[[list[int]], Reply] | None = None
+    """Instead of completion_text: the prompt ids -> the reply, written as the chat route
+    writes one (reasoning, text, <tool_call> blocks) for the proxy's parsers to read."""
 
     def _log(self, request_id: str, sent: Sent | None = None) -> None:
         if not (self.record_requests or self.log_path):
@@ -256,6 +269,9 @@ class FakeVLLM:
             fits = 0 <= done <= len(planned) and prompt[:n] == list(start)
             if fits and prompt[n:] == planned[:done]:
                 return planned[done:]
+        if self.completion_script is not None:
+            reply = self.completion_script(prompt)
+            return [*encode(generated(reply, reply.text)), IM_END]
         return [*encode(self.completion_text), IM_END]
 
     async def health(self, request: web.Request) -> web.Response:
@@ -403,21 +419,13 @@ class FakeVLLM:
     ) -> dict[str, Any]:
         text = reply.text if index == 0 else f"{reply.text} #{index}"
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        raw = text
+        raw = generated(reply, text)
         finish = "stop"
         if reply.reasoning is not None:
-            raw = f"<think>{reply.reasoning}</think>{text}"
             message["reasoning"] = reply.reasoning
         if reply.tool_calls:
             calls = []
             for k, tc in enumerate(reply.tool_calls):
-                raw += (
-                    "<tool_call>"
-                    + orjson.dumps(
-                        {"name": tc["name"], "arguments": orjson.loads(tc["arguments"])}
-                    ).decode()
-                    + "</tool_call>"
-                )
                 calls.append(
                     {
                         "id": tc.get("id") or f"call_{request_id}_{index}_{k}",

@@ -17,6 +17,7 @@ import pytest
 
 from rolltap.runner import run_batch
 from rolltap.runner.harnesses import NotInstalled, adapter, installation
+from rolltap.runner.rollout import RolloutResult
 from rolltap.runner.tasks import load_tasks
 from rolltap.store import Capture, RolloutStatus, Store
 from tests.support.fake_vllm import IM_START, FakeVLLM, Reply, encode
@@ -83,49 +84,10 @@ def _step(steps: list[Call | Say], done: int) -> Reply:
     return Reply(text="", tool_calls=[{"name": step.name, "arguments": json.dumps(step.arguments)}])
 
 
-@pytest.mark.parametrize("name", list(EPISODES))
-async def test_real_harness_rollout_in_bwrap(name: str, store: Store, tmp_path: Path) -> None:
-    harness = adapter(name)
-    try:
-        installed = installation(harness)
-    except NotInstalled:
-        pytest.skip(f"{name} is not installed: run `rolltap harness install {name}`")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bwrap is not installed: run .ci/setup-bwrap")
-    hello = next(t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file")
-
-    fake = FakeVLLM(script=agent_script(EPISODES[name]))
-    async with fake_engine(fake) as engine, provider_of("bwrap", tmp_path / "boxes") as provider:
-        result = await run_batch(
-            [hello],
-            harness=harness,
-            installed=installed,
-            sandbox=provider,
-            backends=[engine.url],
-            model="fake-model",
-            store=store,
-            timeout=240,
-            logs_root=tmp_path / "logs",
-        )
-
-    (r,) = result.results
-    assert (r.status, r.reward) == (RolloutStatus.SUCCEEDED, 1.0), (r.error, r.logs_dir)
-    calls = await store.calls(r.rollout_id)
-    assert calls, "the harness never reached the proxy"
-    assert all(c.capture is Capture.TOKENS for c in calls)
-    assert any(c.finish_reason == "tool_calls" for c in calls)
-    # The harness's own log landed with the rollout.
-    assert any((r.logs_dir / "agent").rglob("*")) or (r.logs_dir / "harness-stdout.txt").exists()
-
-
-@pytest.mark.parametrize("name", list(EPISODES))
-async def test_real_harness_rollout_in_token_in_mode(
-    name: str, store: Store, tmp_path: Path
-) -> None:
-    """The same episodes with the rollout in token-in mode, through all three dialects: every turn
-    after a tool result is bridged (the fake's template re-spells tool arguments, so a
-    re-rendered prompt would differ from the ids sampled), none breaks, and each bridged
-    prompt holds the previous prompt and every id the engine sampled for it."""
+async def _episode(
+    name: str, store: Store, tmp_path: Path, *, token_in: bool = False
+) -> tuple[RolloutResult, str]:
+    """One rollout of the harness's episode in bwrap on the fake engine: (result, batch id)."""
     harness = adapter(name)
     try:
         installed = installation(harness)
@@ -148,15 +110,38 @@ async def test_real_harness_rollout_in_token_in_mode(
             store=store,
             timeout=240,
             logs_root=tmp_path / "logs",
-            meta={"token_in": True},
+            meta={"token_in": token_in},
         )
-
     (r,) = result.results
     assert (r.status, r.reward) == (RolloutStatus.SUCCEEDED, 1.0), (r.error, r.logs_dir)
+    return r, result.batch_id
+
+
+@pytest.mark.parametrize("name", list(EPISODES))
+async def test_real_harness_rollout_in_bwrap(name: str, store: Store, tmp_path: Path) -> None:
+    r, _ = await _episode(name, store, tmp_path)
+    calls = await store.calls(r.rollout_id)
+    assert calls, "the harness never reached the proxy"
+    assert all(c.capture is Capture.TOKENS for c in calls)
+    assert all(c.bridge is None for c in calls)  # normal mode
+    assert any(c.finish_reason == "tool_calls" for c in calls)
+    # The harness's own log landed with the rollout.
+    assert any((r.logs_dir / "agent").rglob("*")) or (r.logs_dir / "harness-stdout.txt").exists()
+
+
+@pytest.mark.parametrize("name", list(EPISODES))
+async def test_real_harness_rollout_in_token_in_mode(
+    name: str, store: Store, tmp_path: Path
+) -> None:
+    """The same episodes with the rollout in token-in mode, through all three dialects: every turn
+    after a tool result is bridged (the fake's template re-spells tool arguments, so a
+    re-rendered prompt would differ from the ids sampled), none breaks, and each bridged
+    prompt holds the previous prompt and every id the engine sampled for it."""
+    r, batch_id = await _episode(name, store, tmp_path, token_in=True)
     calls = await store.calls(r.rollout_id)
     outcomes = [c.bridge for c in calls]
     assert "bridged" in outcomes, outcomes
-    bridging = await store.bridging(batch_id=result.batch_id)
+    bridging = await store.bridging(batch_id=batch_id)
     assert bridging is not None
     assert bridging.bridge_break_rate == 0.0, bridging.outcomes
     agent = [c for c in calls if c.bridge == "bridged" or c.finish_reason == "tool_calls"]

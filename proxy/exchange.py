@@ -20,6 +20,7 @@ from rolltap.store import (
     InvalidTokens,
 )
 from rolltap.store.ids import body_hash, new_id
+from rolltap.store.records import LineageMark
 
 RETRY_HEADER = "x-stainless-retry-count"
 # Headers by which harnesses name side calls (title generation, compaction, sub-agents).
@@ -59,6 +60,8 @@ class Exchange:
     """The call whose answer, aborted for a weight update, this one continues."""
     bridge: str | None = None
     """Token-in mode: `bridged`, or why this call fell back (proxy/tokenin/lineage.py)."""
+    lineage: LineageMark | None = None
+    """Token-in mode: the answered call's lineage fingerprints, stored with it."""
     notes: list[str] = field(default_factory=list)
     upstream_done: float | None = None
     """perf_counter() when the engine's answer was complete (for the overhead metric)."""
@@ -126,6 +129,7 @@ class Exchange:
             retry_of=self.retry_of,
             resumes=self.resumes,
             bridge=self.bridge,
+            lineage=self.lineage,
             prompt_ids=prompt,
             choices=choices,
             request_body=self.raw_body,

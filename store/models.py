@@ -365,6 +365,28 @@ class EgressRequest(Base):
     )
 
 
+class LineageTurn(Base):
+    """Where a token-in call stands in its conversation (proxy/tokenin/lineage.py), so that any
+    proxy process on this store can continue it: another replica or worker, or this one after a
+    restart. Fingerprints only; the ids are the call's own."""
+
+    __tablename__ = "lineage_turn"
+
+    call_id: Mapped[str] = mapped_column(
+        ForeignKey("call.id", ondelete="CASCADE"), primary_key=True
+    )
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollout.id", ondelete="CASCADE"))
+    request: Mapped[str] = mapped_column(String(32))
+    """Hash of the messages the call answered (hex), which the next request's prefix repeats."""
+    answer: Mapped[str] = mapped_column(String(32))
+    """Fingerprint of the assistant message served."""
+    context: Mapped[str] = mapped_column(String(32))
+    """Fingerprint of the tools and template options it rendered with."""
+
+    __table_args__ = (Index(None, "rollout_id", "request"),)
+
+
 segment_break_table = cast(Table, SegmentBreak.__table__)
+lineage_turn_table = cast(Table, LineageTurn.__table__)
 egress_request_table = cast(Table, EgressRequest.__table__)
 rollout_faithfulness_table = cast(Table, RolloutFaithfulness.__table__)

@@ -29,6 +29,7 @@ from rolltap.store.models import (
     call_body_table,
     call_table,
     choice_table,
+    lineage_turn_table,
     rollout_faithfulness_table,
     rollout_table,
     segment_break_table,
@@ -43,6 +44,7 @@ from rolltap.store.records import (
     ChoiceTokens,
     RolloutAnalysis,
     RolloutView,
+    StoredTurn,
 )
 
 R = rollout_table
@@ -51,6 +53,7 @@ CH = choice_table
 B = call_body_table
 SB = segment_break_table
 RF = rollout_faithfulness_table
+LT = lineage_turn_table
 
 DRIFT_FILTERS = ("any", "none", *(d.value for d in DriftClass))
 """`drift=` of `rollouts`: any break, none (analysed and unbroken), or a break of one class."""
@@ -376,6 +379,40 @@ def call_tokens(conn: Connection, call_id: str) -> CallTokens:
     if row is None:
         raise NotFound(f"no call {call_id!r}")
     return (rollout_tokens(conn, row.rollout_id, up_to_seq=row.seq))[call_id]
+
+
+def lineage_turns(
+    conn: Connection, rollout_id: str, request: bytes, limit: int = 8
+) -> list[StoredTurn]:
+    """The rollout's token-in calls that answered the messages hashed as `request`, latest
+    first, with their ids (proxy/tokenin/lineage.py)."""
+    rows = conn.execute(
+        select(LT.c.call_id, LT.c.answer, LT.c.context)
+        .join(C, C.c.id == LT.c.call_id)
+        .where(LT.c.rollout_id == rollout_id, LT.c.request == request.hex())
+        .order_by(C.c.seq.desc())
+        .limit(limit)
+    ).all()
+    if not rows:
+        return []
+    tokens = rollout_tokens(conn, rollout_id)
+    turns = []
+    for call_id, answer, context in rows:
+        held = tokens.get(call_id)
+        first = next((c for c in held.choices if c.index == 0), None) if held else None
+        if held is None or first is None:
+            continue
+        turns.append(
+            StoredTurn(
+                call_id,
+                bytes.fromhex(answer),
+                bytes.fromhex(context),
+                held.prompt_ids,
+                first.token_ids,
+                first.finish_reason,
+            )
+        )
+    return turns
 
 
 def recent_known_calls(conn: Connection, rollout_id: str, n: int) -> list[KnownCall]:

@@ -42,6 +42,27 @@ class ChoiceRecord:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class LineageMark:
+    """A token-in call's lineage fingerprints (proxy/tokenin/lineage.py), stored beside it."""
+
+    request: bytes
+    answer: bytes
+    context: bytes
+
+
+@dataclass(frozen=True)
+class StoredTurn:
+    """A token-in call as a lineage turn, read back: its fingerprints and its ids."""
+
+    call_id: str
+    answer: bytes
+    context: bytes
+    prompt_ids: IdArray
+    sampled_ids: IdArray
+    finish_reason: str | None
+
+
 @dataclass
 class CallRecord:
     """One request the proxy received, as it will be stored."""
@@ -70,6 +91,8 @@ class CallRecord:
     """The call whose aborted answer this one continues (a weight update in abort_resume)."""
     bridge: str | None = None
     """Token-in mode: `bridged`, or the reason code of a fallback; None in normal mode."""
+    lineage: LineageMark | None = None
+    """Token-in mode: what lets another proxy process continue this call's conversation."""
     prompt_ids: IdArray | None = None
     choices: list[ChoiceRecord] = field(default_factory=list)
     request_body: bytes | None = None

@@ -30,6 +30,7 @@ from rolltap.store.records import (
     NewRollout,
     RolloutAnalysis,
     RolloutView,
+    StoredTurn,
 )
 from rolltap.store.replay import REPLAYS, ReplayReport, report_of
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
@@ -277,6 +278,10 @@ class Store:
 
     async def rollout_tokens(self, rollout_id: str) -> dict[str, CallTokens]:
         return await self.db.read(queries.rollout_tokens, rollout_id)
+
+    async def lineage_turns(self, rollout_id: str, request: bytes) -> list[StoredTurn]:
+        """The rollout's token-in calls that answered the messages hashed as `request`."""
+        return await self.db.read(queries.lineage_turns, rollout_id, request)
 
     async def call_bodies(self, call_id: str) -> CallBodies:
         return await self.db.read(queries.call_bodies, call_id)

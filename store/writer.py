@@ -41,6 +41,7 @@ from rolltap.store.models import (
     call_body_table,
     call_table,
     choice_table,
+    lineage_turn_table,
     rollout_table,
 )
 from rolltap.store.outage import describe, is_outage
@@ -103,6 +104,7 @@ class _Staged:
     calls: list[dict[str, Any]] = field(default_factory=list)
     choices: list[dict[str, Any]] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    lineages: list[dict[str, Any]] = field(default_factory=list)
 
 
 class StoreState(StrEnum):
@@ -506,6 +508,17 @@ class GroupCommitWriter:
                     "response": compress.deflate(record.response_body),
                 }
             )
+        if record.lineage is not None:
+            mark = record.lineage
+            staged.lineages.append(
+                {
+                    "call_id": call_id,
+                    "rollout_id": rid,
+                    "request": mark.request.hex(),
+                    "answer": mark.answer.hex(),
+                    "context": mark.context.hex(),
+                }
+            )
         return CallReceipt(call_id, seq)
 
     def forget(self, rollout_id: str) -> None:
@@ -577,6 +590,9 @@ class _Inserts:
         if staged.bodies:
             self.insert(conn, call_body_table, staged.bodies)
             staged.bodies = []
+        if staged.lineages:
+            self.insert(conn, lineage_turn_table, staged.lineages)
+            staged.lineages = []
 
 
 def _create_rollout(conn: Connection, op: CreateRollout) -> None:

@@ -24,6 +24,7 @@ from rolltap.proxy.relay import EngineAnswer
 from rolltap.proxy.tokenin.bridge import TemplateFailed
 from rolltap.proxy.tokenin.config import TokenIn
 from rolltap.proxy.tokenin.lineage import (
+    HISTORY_EDITED,
     MULTIPLE_CHOICES,
     TOKENIZE_FAILED,
     UNSUPPORTED_BACKEND,
@@ -32,10 +33,12 @@ from rolltap.proxy.tokenin.lineage import (
     Turn,
     answer_print,
     context_print,
+    last_assistant,
     prefix_hashes,
 )
 from rolltap.proxy.tokenin.route import TokenInRoute
-from rolltap.store.bridging import BRIDGED
+from rolltap.store.bridging import BRIDGED, FIRST_TURN
+from rolltap.store.records import LineageMark
 
 log = logging.getLogger("rolltap.proxy")
 
@@ -62,7 +65,7 @@ async def _decide(
 ) -> TokenInRoute | str:
     if (body.get("n") or 1) != 1:
         return MULTIPLE_CHOICES
-    found = taken.state.lineages.find(body["messages"], hashes, context)
+    found = await _find(taken, body["messages"], hashes, context)
     if not isinstance(found, Continued):
         return found
     try:
@@ -94,6 +97,34 @@ async def _decide(
         tokenin.tool_call_parser if parse_tools else None,
         body.get("tools"),
     )
+
+
+async def _find(
+    taken: Intake, messages: list[dict[str, Any]], hashes: list[bytes], context: bytes
+) -> Continued | str:
+    """The turn the request continues: from this process's memory, else from the store, where
+    every token-in call leaves its fingerprints, so a conversation continues on whichever
+    replica or worker its next call reaches, and after a restart."""
+    lineages = taken.state.lineages
+    found = lineages.find(messages, hashes, context)
+    if found not in (FIRST_TURN, HISTORY_EDITED):
+        return found
+    last = last_assistant(messages)
+    if last is None:
+        return found
+    stored = await taken.ctx.store.lineage_turns(taken.state.id, hashes[last])
+    if not stored:
+        return found
+    for turn in reversed(stored):  # oldest first: find() prefers the latest
+        recovered = Turn(
+            prompt_ids=turn.prompt_ids.tolist(),
+            sampled_ids=turn.sampled_ids.tolist(),
+            finish_reason=turn.finish_reason,
+            answer=turn.answer,
+            context=turn.context,
+        )
+        lineages.add(hashes[: last + 1], recovered)
+    return lineages.find(messages, hashes, context)
 
 
 class _Remembered:
@@ -155,3 +186,4 @@ class _Remembered:
             context=self._context,
         )
         self._lineages.add(self._hashes, turn)
+        self._taken.exchange.lineage = LineageMark(self._hashes[-1], turn.answer, self._context)

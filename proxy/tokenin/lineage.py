@@ -140,6 +140,14 @@ def multimodal(messages: list[dict[str, Any]]) -> bool:
     return False
 
 
+def last_assistant(messages: list[dict[str, Any]]) -> int | None:
+    """The index of the last assistant message: the answer a request may continue."""
+    return next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"),
+        None,
+    )
+
+
 class Lineages:
     """A rollout's recent turns, found by the hash of the messages they answered."""
 
@@ -156,10 +164,7 @@ class Lineages:
         """The turn the request continues, or the reason code why there is none."""
         if multimodal(messages):
             return MULTIMODAL
-        last = next(
-            (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"),
-            None,
-        )
+        last = last_assistant(messages)
         if last is None:
             # A whole earlier request leads this one: its answer was left out.
             dropped = any(h in self._turns for h in hashes[1:-1])

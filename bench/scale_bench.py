@@ -154,11 +154,13 @@ async def proxy_section(args: argparse.Namespace, tmp: str) -> None:
         if name in cpu:
             line += f"   CPU {cpu[name] * 1e3:5.2f} ms/call"
         if litellm_rates and name != "LiteLLM proxy" and name != "engine direct":
-            line += (
-                f"   x LiteLLM: {by_stream[False] / litellm_rates[False]:5.1f} / "
-                f"{by_stream[True] / litellm_rates[True]:5.1f}"
-            )
+            ratios = [_ratio(by_stream[s], litellm_rates[s]) for s in (False, True)]
+            line += f"   x LiteLLM: {ratios[0]} / {ratios[1]}"
         print(line)
+
+
+def _ratio(rate: float, litellm: float) -> str:
+    return f"{rate / litellm:5.1f}" if litellm else "  n/a (LiteLLM completed none)"
 
 
 async def latency_section(args: argparse.Namespace, tmp: str) -> None:

@@ -37,10 +37,11 @@ _SWEEP_EVERY = 30.0
 
 
 def token_in(settings: ProxySettings) -> TokenIn:
+    chosen = settings.token_in
     local = None
-    if settings.tokenizer is not None:
-        local = Bridges(LocalTemplate.load(settings.tokenizer, settings.chat_template))
-    return TokenIn(settings.token_in, settings.reasoning_parser, settings.tool_call_parser, local)
+    if chosen.tokenizer is not None:
+        local = Bridges(LocalTemplate.load(chosen.tokenizer, chosen.chat_template))
+    return TokenIn(chosen.enabled, chosen.reasoning_parser, chosen.tool_call_parser, local)
 
 
 def make_context(settings: ProxySettings, store: Store) -> ProxyContext:

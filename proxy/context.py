@@ -19,6 +19,7 @@ from rolltap.proxy.recall import Recall
 from rolltap.proxy.rollouts import Rollouts, RolloutState
 from rolltap.proxy.routing import StickyRouter
 from rolltap.proxy.tokenin.config import TokenIn
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import CallStatus, RolloutStatus, Store
 
 if TYPE_CHECKING:
@@ -64,19 +65,8 @@ class ProxySettings:
     """The most tokens one call may generate: a larger or missing max_tokens is lowered to it in
     the request the engine gets, and the call is noted. Responses/Messages clients see an answer
     cut by the cap as ended normally (proxy/translated.py). None: no cap."""
-    token_in: bool = False
-    """Token-in mode for rollouts that do not choose (`token_in` on POST /admin/rollouts): each
-    conversation's next prompt is its previous prompt, the sampled ids and a bridge, sent to
-    the engine's token-in route (proxy/tokenin)."""
-    tool_call_parser: str = "hermes"
-    """Token-in answers: how tool calls are read from the generated text (vLLM's names)."""
-    reasoning_parser: str | None = None
-    """Token-in answers: how reasoning is read from the generated text; None: none is."""
-    tokenizer: str | None = None
-    """Token-in bridges: a local model or tokenizer directory (or GGUF file) with the engine's
-    chat template; None: the engine's /tokenize renders them."""
-    chat_template: str | None = None
-    """Token-in bridges with a local tokenizer: the chat template file the engine was given."""
+    token_in: TokenInOptions = field(default_factory=TokenInOptions)
+    """Token-in mode and its parsers (proxy/tokenin)."""
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 import platformdirs
 
 from rolltap.proxy.replay import Cassette
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.runner.egress import BadEgressSetting, EgressGate, EgressSettings, egress_gate
 from rolltap.runner.harnesses import (
     Harness,
@@ -36,7 +37,7 @@ from rolltap.runner.harnesses import (
 )
 from rolltap.runner.harnesses.base import BuiltIn
 from rolltap.runner.harnesses.images import build_context, host_ca_bundle
-from rolltap.runner.host import ProxyHost, proxy_host
+from rolltap.runner.host import ProxyHost, proxy_host, token_in_meta
 from rolltap.runner.plan import Budget, plan
 from rolltap.runner.provenance import harness_metadata, task_hash
 from rolltap.runner.rollout import (
@@ -104,13 +105,15 @@ async def run_batch(
     meta: Mapping[str, Any] | None = None,
     replay: Cassette | None = None,
     egress: EgressSettings | None = None,
+    token_in: TokenInOptions | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> BatchResult:
     """Run (or resume) a batch and return its results and summary.
 
     `meta` goes into each new rollout's meta; `replay` answers the batch's calls from a
     recorded rollout (runner/replay.py); `egress`: HTTP(S) out of the sandboxes through the
-    run's egress gate (runner/egress), recorded with each rollout."""
+    run's egress gate (runner/egress), recorded with each rollout; `token_in`: the batch's
+    rollouts in token-in mode when enabled, and the parsers of the run's own proxy."""
     loaded = list(tasks) if not isinstance(tasks, str | Path) else load_tasks(Path(tasks))
     if not loaded:
         raise ValueError("no tasks to run")
@@ -150,6 +153,7 @@ async def run_batch(
                 max_tokens_cap=max_tokens_cap,
                 needs_model=not builtin and (replay is None or replay.goes_live),
                 replay=replay,
+                token_in=token_in,
                 say=say,
             )
         )
@@ -188,7 +192,7 @@ async def run_batch(
             harness=adapter_.name,
             model=host.model,
             budget=Budget(max_calls, max_tokens),
-            meta={**(meta or {}), "sandbox": kind},
+            meta={**(meta or {}), "sandbox": kind, **token_in_meta(token_in)},
             settings=outcome,
         )
         if kept:

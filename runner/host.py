@@ -20,6 +20,7 @@ import aiohttp
 from rolltap.proxy.context import ProxySettings
 from rolltap.proxy.replay import Cassette
 from rolltap.proxy.server import RunningProxy, start_proxy
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.store import Store
 
@@ -59,6 +60,7 @@ async def proxy_host(
     max_tokens_cap: int | None = None,
     needs_model: bool = True,
     replay: Cassette | None = None,
+    token_in: TokenInOptions | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> AsyncIterator[ProxyHost]:
     """`socket` given: use that running proxy (it must share this store's database). The
@@ -97,6 +99,7 @@ async def proxy_host(
             unix_socket=str(sock),
             unix_socket_group=group,
             max_tokens_cap=max_tokens_cap,
+            token_in=token_in or TokenInOptions(),
         )
         proxy = await start_proxy(settings, store)
         proxy.ctx.replay = replay
@@ -109,6 +112,12 @@ async def proxy_host(
         assert model is not None
         say(f"proxy on {proxy.url} (sandboxes: {sock}); model {model}")
         yield ProxyHost(sock, model, proxy)
+
+
+def token_in_meta(token_in: TokenInOptions | None) -> dict[str, bool]:
+    """A batch's rollout meta for its token-in choice: the rollout chooses token-in itself, so
+    whichever proxy serves it (the run's own, one behind --proxy-socket, a Ray node's) does."""
+    return {"token_in": True} if token_in is not None and token_in.enabled else {}
 
 
 async def served_model(backend: str) -> str:

@@ -19,6 +19,8 @@ from rolltap.cli.options import (
 )
 from rolltap.cli.progress import with_progress
 from rolltap.cli.report import report
+from rolltap.cli.token_in import token_in_options
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.runner import BatchProgress, BatchResult, BatchSummary, run_batch
 from rolltap.runner.harnesses import adapters, builtins
 from rolltap.runner.harnesses.oracle import NAME as ORACLE
@@ -124,6 +126,7 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     "offers the `sandbox` resource, its sandbox and proxy there; the store must be PostgreSQL "
     "and --backend reachable from every node. auto: the cluster this machine belongs to.",
 )
+@token_in_options
 @db_option
 def run(
     tasks: Path,
@@ -151,6 +154,7 @@ def run(
     allow_hosts: tuple[str, ...],
     egress_config: Path | None,
     ray_address: str | None,
+    token_in: TokenInOptions,
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
@@ -160,6 +164,11 @@ def run(
     backends = tuple(checked_backends(backends))
     if proxy_socket is not None and model is None:
         raise click.ClickException("--proxy-socket needs --model: the model name that proxy serves")
+    if proxy_socket is not None and token_in != TokenInOptions(enabled=token_in.enabled):
+        raise click.ClickException(
+            "--proxy-socket: that proxy reads token-in answers with its own parsers "
+            "(its `serve` flags); --token-in alone asks it to use token-in for this batch"
+        )
     selected: Path | list[Task] = tasks
     if task_ids:
         selected = _select(tasks, task_ids)
@@ -185,6 +194,7 @@ def run(
             max_steps=max_steps,
             retries=retries,
             sandbox_image=sandbox_image,
+            token_in=token_in,
         )
         report(console, result, db_url)
         if harness == ORACLE:
@@ -216,6 +226,7 @@ def run(
             sandbox_image=sandbox_image,
             harness_from=harness_from,
             egress=egress_settings,
+            token_in=token_in,
             progress=progress,
             say=say,
         ),

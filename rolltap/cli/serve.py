@@ -18,13 +18,13 @@ from rolltap.cli.options import (
     engine_arg_option,
     max_tokens_cap_option,
 )
+from rolltap.cli.token_in import token_in_options
 from rolltap.proxy.admin import ExposedWithoutToken, check_exposure
 from rolltap.proxy.app import Extension
 from rolltap.proxy.context import ProxySettings
 from rolltap.proxy.secret import signing_key
 from rolltap.proxy.server import RunningProxy, serve_until_stopped
-from rolltap.proxy.tokenin.parse import REASONING_PARSERS
-from rolltap.proxy.tokenin.toolparsers import TOOL_PARSERS
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.proxy.workers import run_workers
 from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.store import Store
@@ -111,36 +111,7 @@ from rolltap.store.url import resolve_url
     help="Proxy processes on this port (SO_REUSEPORT), each with its own event loop and store "
     "writer. Pause and weight updates reach them all on PostgreSQL only.",
 )
-@click.option(
-    "--token-in",
-    is_flag=True,
-    help="Token-in mode for every rollout that does not choose (`token_in` on POST "
-    "/admin/rollouts): each conversation's next prompt is its previous prompt, the sampled ids "
-    "and a bridge, so the engine never re-renders the history.",
-)
-@click.option(
-    "--tool-call-parser",
-    type=click.Choice(sorted(TOOL_PARSERS)),
-    default="hermes",
-    show_default=True,
-    help="Token-in: how tool calls are read from generated text (vLLM's names).",
-)
-@click.option(
-    "--reasoning-parser",
-    type=click.Choice(sorted(REASONING_PARSERS)),
-    help="Token-in: how reasoning is read from generated text (default: none is).",
-)
-@click.option(
-    "--tokenizer",
-    type=click.Path(exists=True, path_type=Path),
-    help="Token-in: the engine's model or tokenizer directory (or GGUF file), to render bridges "
-    "in process; default: the engine's /tokenize renders them.",
-)
-@click.option(
-    "--chat-template",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Token-in with --tokenizer: the chat template file the engine was started with.",
-)
+@token_in_options
 @click.option(
     "--drain-seconds",
     default=10.0,
@@ -178,11 +149,7 @@ def serve(
     runner_tasks_root: Path | None,
     runner_ray: str | None,
     workers: int,
-    token_in: bool,
-    tool_call_parser: str,
-    reasoning_parser: str | None,
-    tokenizer: Path | None,
-    chat_template: Path | None,
+    token_in: TokenInOptions,
     drain_seconds: float,
     runner_egress_config: Path | None,
     verbose: bool,
@@ -208,10 +175,6 @@ def serve(
         secret=secret,
         workers=workers,
         token_in=token_in,
-        tool_call_parser=tool_call_parser,
-        reasoning_parser=reasoning_parser,
-        tokenizer=None if tokenizer is None else str(tokenizer),
-        chat_template=None if chat_template is None else str(chat_template),
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
     if runner_ray is not None and not runner:

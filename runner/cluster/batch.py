@@ -16,13 +16,14 @@ from typing import Any
 
 import ray
 
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.runner.batch import BatchResult, default_batch_id
 from rolltap.runner.cluster.dispatch import RayDispatch
 from rolltap.runner.cluster.node import NodeSetup
 from rolltap.runner.harnesses import adapter
 from rolltap.runner.harnesses.base import BuiltIn
 from rolltap.runner.harnesses.oracle import NAME as ORACLE
-from rolltap.runner.host import served_model
+from rolltap.runner.host import served_model, token_in_meta
 from rolltap.runner.plan import Budget, plan
 from rolltap.runner.provenance import harness_metadata, task_hash
 from rolltap.runner.rollout import BatchProgress, RolloutResult
@@ -58,6 +59,7 @@ async def run_batch_on_ray(
     logs_root: Path | None = None,
     progress: BatchProgress | None = None,
     meta: Mapping[str, Any] | None = None,
+    token_in: TokenInOptions | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> BatchResult:
     """Run (or resume) a batch on the Ray cluster at `address`; same results as run_batch."""
@@ -89,7 +91,7 @@ async def run_batch_on_ray(
             harness=adapter_.name,
             model=model,
             budget=Budget(max_calls, max_tokens),
-            meta={**(meta or {}), "sandbox": sandbox},
+            meta={**(meta or {}), "sandbox": sandbox, **token_in_meta(token_in)},
         )
         if kept:
             say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")
@@ -111,6 +113,7 @@ async def run_batch_on_ray(
             run_meta=harness_metadata(adapter_, installed_from, settings),
             task_hashes=await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in loaded}),
             tasks=tuple({p.task.id: p.task for p in todo}.values()),
+            token_in=token_in,
         )
         connect(address)
         dispatch = RayDispatch(setup, store, retries=retries)

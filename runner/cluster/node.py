@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import platformdirs
 
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.runner.cluster.prebuild import prebuild
 from rolltap.runner.harnesses import NotInstalled, adapter, install, installation
 from rolltap.runner.host import proxy_host
@@ -55,6 +56,8 @@ class NodeSetup:
     logs_root: Path | None = None
     run_meta: dict[str, Any] = field(default_factory=dict)
     task_hashes: dict[str, str] = field(default_factory=dict)
+    token_in: TokenInOptions | None = None
+    """The node's proxy's token-in parsers (the rollouts choose token-in in their meta)."""
     tasks: tuple[Task, ...] = ()
     """The batch's tasks still to run: their images are built on each node before it starts
     rollouts (prebuild.py)."""
@@ -104,7 +107,11 @@ class NodeAgent:
         stack.push_async_callback(store.close)
         host = await stack.enter_async_context(
             proxy_host(
-                store, backends=setup.backends, model=setup.model, needs_model=setup.needs_model
+                store,
+                backends=setup.backends,
+                model=setup.model,
+                needs_model=setup.needs_model,
+                token_in=setup.token_in,
             )
         )
         provider = await make_provider(setup.sandbox, image=setup.sandbox_image)

@@ -25,6 +25,7 @@ import pytest_asyncio
 
 from rolltap.engine.launch import EngineProcess
 from rolltap.proxy.server import RunningProxy
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
 from tests.support.chats import QWEN3_STYLE
 from tests.support.proxy import new_rollout, running_proxy
@@ -130,7 +131,9 @@ class Rollout:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def proxy(store: Store, engine: EngineProcess) -> AsyncIterator[RunningProxy]:
-    async with running_proxy(store, engine.url, reasoning_parser="qwen3") as running:
+    async with running_proxy(
+        store, engine.url, token_in=TokenInOptions(reasoning_parser="qwen3")
+    ) as running:
         yield running
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.runner.cluster.batch import run_batch_on_ray
 from rolltap.runner.cluster.node import NODE
 from rolltap.runner.sandboxes.docker import BASE_IMAGE
@@ -98,6 +99,7 @@ async def test_64_rollouts_spread_over_three_nodes_each_call_recorded_once(
         backends=[world.engine.url],
         batch="say-64",
         db=world.db,
+        token_in=TokenInOptions(enabled=True),
     )
     assert len(result.results) == 64
     errors = {r.error for r in result.results}
@@ -116,6 +118,8 @@ async def test_64_rollouts_spread_over_three_nodes_each_call_recorded_once(
     seen, _ = read_log(str(world.engine_log))
     assert len(seen) == len(calls) == 64
     assert len({c.id for c in calls}) == 64
+    # Token-in reached every node's proxy through the rollouts' meta: each call was decided.
+    assert {c.bridge for c in calls} == {"first_turn"}
     # Ray placed them on all three nodes.
     assert len({v.meta[NODE] for v in views}) == 3
 

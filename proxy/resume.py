@@ -53,8 +53,9 @@ def continuation_request(
     body["logprobs"] = 0  # the sampled token's logprob, as the chat request asked
     body["return_token_ids"] = True
     limit = chat.get("max_completion_tokens") or chat.get("max_tokens")
-    if isinstance(limit, int):
-        body["max_tokens"] = max(1, limit - len(partial_ids))
+    # Left out, a completions request gets 16 tokens (vLLM's default); null is what the chat
+    # request without a limit had: whatever the context leaves.
+    body["max_tokens"] = max(1, limit - len(partial_ids)) if isinstance(limit, int) else None
     if chat.get("stream") is True:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

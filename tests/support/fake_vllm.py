@@ -217,8 +217,10 @@ class FakeVLLM:
         prompt = list(body["prompt"])
         ids = self._rest_of(prompt)
         finish = "stop"
-        if body.get("max_tokens") is not None and len(ids) > int(body["max_tokens"]):
-            ids, finish = ids[: int(body["max_tokens"])], "length"
+        # vLLM's completions: 16 tokens when max_tokens is left out, no limit when it is null.
+        limit = body.get("max_tokens", 16)
+        if limit is not None and len(ids) > int(limit):
+            ids, finish = ids[: int(limit)], "length"
         header = {"id": f"cmpl-{len(self.requests)}", "created": int(time.time()), "model": MODEL}
         delay = self.token_delay
         with_ids = body.get("return_token_ids") is True

@@ -76,19 +76,18 @@ class Route(Protocol):
     """An engine route other than chat completions whose answers read back as chat ones (the
     token-in route, proxy/tokenin/route.py)."""
 
-    resumable: bool
-    """Whether an answer aborted for a weight update is continued (resume.py)."""
-
     def prepare(self, chat: dict[str, Any], kind: EngineKind) -> Prepared:
         """The engine request for the chat request `chat`, its path set."""
         ...
 
-    def whole(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """A whole answer of the route as a chat completion."""
+    def whole(self, doc: dict[str, Any], *, resumes: bool = False) -> dict[str, Any]:
+        """A whole answer of the route as a chat completion. `resumes`: an answer the engine
+        aborted will be continued on the same route (resume.py), and the continuation's answer
+        read by this route too: what the abort cut off is not yet ended."""
         ...
 
-    def chunk(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """One streamed event of the route as a chat completion chunk."""
+    def chunk(self, doc: dict[str, Any], *, resumes: bool = False) -> dict[str, Any]:
+        """One streamed event of the route as a chat completion chunk (`resumes`: as above)."""
         ...
 
 
@@ -212,8 +211,8 @@ class EngineCall:
         # Aborted for a weight update: continue it on the new weights, answer as one.
         first = self._first_usage()
         await self._hand_over(raw)
-        tail = await self._continue_whole()
-        merged = resume.merged_answer(doc, tail, first)
+        tail, usage = await self._continue_whole()
+        merged = resume.merged_answer(doc, tail, usage, first)
         return orjson.dumps(merged), merged
 
     async def chunks(self) -> AsyncGenerator[list[Chunk], None]:
@@ -267,6 +266,12 @@ class EngineCall:
                 self._said += delta["content"]
         return Chunk(raw, doc)
 
+    def _may_resume(self) -> bool:
+        """Whether an abort read now could be continued, as far as the call alone tells."""
+        if self._rollout is None or self._ctx.gate.aborts <= self._aborts:
+            return False
+        return (self._body.get("n") or 1) == 1 and self._kind is EngineKind.VLLM
+
     # -- resuming an answer aborted for a weight update (resume.py) ------------------------------
 
     def _resumable(self, doc: dict[str, Any]) -> bool:
@@ -275,11 +280,7 @@ class EngineCall:
         choices = doc.get("choices")
         if not choices or len(choices) != 1 or choices[0].get("finish_reason") != "abort":
             return False
-        if self._rollout is None or self._ctx.gate.aborts <= self._aborts:
-            return False
-        if self._route is not None and not self._route.resumable:
-            return False
-        if (self._body.get("n") or 1) != 1 or self._kind is not EngineKind.VLLM:
+        if not self._may_resume():
             return False
         captured = self._exchange.captured
         return captured.prompt_ids is not None and captured.choice(0).has_ids
@@ -347,7 +348,8 @@ class EngineCall:
         self._splitter, self._pending, self._done = EventSplitter(), [], False
         assert stream == (self._continuation.get("stream") is True)
 
-    async def _continue_whole(self) -> dict[str, Any]:
+    async def _continue_whole(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The continuation's whole answer as chat, and its own usage."""
         await self._continue_open(stream=False)
         assert self._upstream is not None
         try:
@@ -358,17 +360,24 @@ class EngineCall:
         self._finish_upstream()
         doc = self._parse(raw, "continuation")
         try:
-            capture_response(resume.chat_part(doc), self._exchange.captured)
+            chat = resume.chat_part(doc) if self._route is None else self._route.whole(doc)
+            capture_response(chat, self._exchange.captured)
         except _UNREADABLE as e:
             raise EngineGarbled(f"unreadable engine continuation: {named(e)}", raw) from e
-        if isinstance(doc.get("usage"), dict):
-            self._exchange.usage = doc["usage"]
-        return doc
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
+        if usage is not None:
+            self._exchange.usage = usage
+        return chat, usage
 
     def _continued_chunk(self, raw: bytes, first: tuple[int, int]) -> Chunk:
         doc = self._parse(raw, "continuation chunk")
         try:
-            chat = resume.chat_chunk(doc, self._head, first)
+            if self._route is None:
+                chat = resume.chat_chunk(doc, self._head, first)
+            else:
+                chat = self._route.chunk(doc)
+                if isinstance(doc.get("usage"), dict):
+                    chat["usage"] = resume.client_usage(doc["usage"], first)
             capture_response(chat, self._exchange.captured)
         except _UNREADABLE as e:
             raise EngineGarbled(f"unreadable engine continuation: {named(e)}", raw) from e
@@ -397,7 +406,11 @@ class EngineCall:
             ):
                 raise EngineBroke(f"engine error in its {what}: {error_message(raw)}")
             if self._route is not None:
-                doc = self._route.chunk(doc) if what == "chunk" else self._route.whole(doc)
+                resumes = self._may_resume()
+                if what == "chunk":
+                    doc = self._route.chunk(doc, resumes=resumes)
+                else:
+                    doc = self._route.whole(doc, resumes=resumes)
                 raw = orjson.dumps(doc)
             capture_response(doc, self._exchange.captured)
         except _UNREADABLE as e:

@@ -12,9 +12,11 @@ continuation's completions chunks (or body) are turned into chat ones here and f
 first part's.
 
 Only vLLM-dialect engines (vLLM, rolltap's own) can continue token-in; answers with `n > 1` are
-not resumed. Limits, as for any continuation token-in: tool-call and reasoning parsing happen in
-the engine per request, so the continuation's text is delivered as content; a stop string
-spanning the two parts is not seen; a seeded sampler starts a fresh stream.
+not resumed. Limits of continuing a chat answer token-in: tool-call and reasoning parsing happen
+in the engine per request, so the continuation's text is delivered as content; a stop string
+spanning the two parts is not seen; a seeded sampler starts a fresh stream. A token-in call
+(proxy/tokenin/) has none of the first limit: rolltap parses its answer itself, and one parser
+reads both parts as one text.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def continuation_request(
     """The completions request continuing `chat` (the engine request that was aborted)."""
     body: dict[str, Any] = {k: chat[k] for k in CARRIED_OPTIONS if chat.get(k) is not None}
     body["prompt"] = [*prompt_ids, *partial_ids]
-    body["logprobs"] = 0  # the sampled token's logprob, as the chat request asked
+    # The sampled token's logprob, as the chat request asked; a token-in request's own count of
+    # top logprobs (already a completions request) carries over.
+    top = chat.get("logprobs")
+    body["logprobs"] = top if type(top) is int else 0
     body["return_token_ids"] = True
     limit = chat.get("max_completion_tokens") or chat.get("max_tokens")
     # Left out, a completions request gets 16 tokens (vLLM's default); null is what the chat
@@ -81,26 +86,49 @@ def chat_part(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def merged_answer(
-    first: dict[str, Any], continuation: dict[str, Any], first_usage: tuple[int, int]
+    first: dict[str, Any],
+    tail: dict[str, Any],
+    usage: dict[str, Any] | None,
+    first_usage: tuple[int, int],
 ) -> dict[str, Any]:
-    """The aborted chat answer followed by its completions continuation: one chat answer."""
+    """The aborted chat answer followed by its continuation, read as chat (`chat_part`, or a
+    token-in route's answer): one chat answer. `usage`: the continuation's own."""
     (head,) = first["choices"]
-    (tail,) = continuation["choices"]
+    (rest,) = tail["choices"]
     choice = dict(head)
     message = dict(head.get("message") or {"role": "assistant"})
-    message["content"] = (message.get("content") or "") + (tail.get("text") or "")
+    more = rest.get("message") or {}
+    for key in ("reasoning", "reasoning_content"):
+        if message.get(key) or more.get(key):
+            message[key] = (message.get(key) or "") + (more.get(key) or "")
+    calls = [dict(c) for c in message.get("tool_calls") or ()]
+    for call in more.get("tool_calls") or ():
+        if "id" in call or not calls:
+            calls.append(call)
+            continue
+        # The rest of the arguments of a call the abort cut in two (a token-in answer).
+        function = dict(calls[-1].get("function") or {})
+        more_arguments = str((call.get("function") or {}).get("arguments") or "")
+        function["arguments"] = str(function.get("arguments") or "") + more_arguments
+        calls[-1] = {**calls[-1], "function": function}
+    content = (message.get("content") or "") + (more.get("content") or "")
+    # With tool calls and nothing said, content is null, as the chat route answers.
+    message["content"] = None if calls and not content else content
+    if calls:
+        message["tool_calls"] = calls
     choice["message"] = message
-    choice["finish_reason"] = tail.get("finish_reason")
-    choice["stop_reason"] = tail.get("stop_reason")
-    logprobs = head.get("logprobs")
+    choice["finish_reason"] = rest.get("finish_reason")
+    choice["stop_reason"] = rest.get("stop_reason")
+    logprobs, more_logprobs = head.get("logprobs"), rest.get("logprobs")
     if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
-        choice["logprobs"] = {"content": logprobs["content"] + _chat_logprobs(tail)}
+        extra = more_logprobs.get("content") if isinstance(more_logprobs, dict) else None
+        choice["logprobs"] = {"content": logprobs["content"] + list(extra or ())}
     if isinstance(head.get("token_ids"), list):
-        choice["token_ids"] = head["token_ids"] + list(tail.get("token_ids") or ())
+        choice["token_ids"] = head["token_ids"] + list(rest.get("token_ids") or ())
     choice.pop("weight_versions", None)
     out = {**first, "choices": [choice]}
-    if isinstance(continuation.get("usage"), dict):
-        out["usage"] = client_usage(continuation["usage"], first_usage)
+    if usage is not None:
+        out["usage"] = client_usage(usage, first_usage)
     return out
 
 

@@ -4,7 +4,8 @@ A token-in route returns text, unparsed; rolltap splits it the way the engine's 
 would (named like vLLM's `--reasoning-parser` and `--tool-call-parser`). Reasoning is split off
 first, then the content is read for tool calls. Every parser is incremental, and whole answers
 go through the same pushes as streams, so both split a text identically. A tool call that does
-not parse stays in the content as the text it was, as vLLM leaves it.
+not parse stays in the content as the text it was, as vLLM leaves it; a streamed call is sent
+as it is written (callstream.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rolltap.engine.reasoning import ReasoningStream
-from rolltap.engine.tools import ToolCall
+from rolltap.proxy.tokenin.callstream import CallPart
 from rolltap.proxy.tokenin.toolparsers import TOOL_PARSERS, ToolParser
 
 
@@ -59,16 +60,39 @@ def _qwen3() -> ReasoningParser:
 REASONING_PARSERS = {"qwen3": _qwen3, "deepseek_r1": _DeepSeekR1}
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """Tool call `index` of the answer: opened here when it has an id (and its name), and
+    `arguments`, more of its arguments string."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+
 @dataclass
 class Delta:
     reasoning: str = ""
     content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[CallDelta] = field(default_factory=list)
 
     def add(self, other: Delta) -> None:
         self.reasoning += other.reasoning
         self.content += other.content
         self.tool_calls += other.tool_calls
+
+    def calls(self) -> list[CallDelta]:
+        """The pieces of each call merged, in order: one entry per call index."""
+        merged: dict[int, CallDelta] = {}
+        for part in self.tool_calls:
+            seen = merged.get(part.index)
+            if seen is None:
+                merged[part.index] = part
+            else:
+                arguments = seen.arguments + part.arguments
+                merged[part.index] = CallDelta(part.index, arguments, seen.id, seen.name)
+        return list(merged.values())
 
 
 class AnswerParser:
@@ -112,12 +136,17 @@ class AnswerParser:
             pieces += self._tools.finish()
         out = Delta()
         for piece in pieces:
-            if isinstance(piece, ToolCall):
-                out.tool_calls.append(piece)
-            else:
+            if isinstance(piece, str):
                 out.content += piece
-        self.calls += len(out.tool_calls)
+                continue
+            if piece.id is not None:
+                self.calls += 1
+            out.tool_calls.append(_numbered(piece, self.calls - 1))
         return out
+
+
+def _numbered(part: CallPart, index: int) -> CallDelta:
+    return CallDelta(index, part.arguments, part.id, part.name)
 
 
 def parse_whole(

@@ -14,7 +14,7 @@ from typing import Any
 from rolltap.proxy.engines import EngineKind, Prepared
 from rolltap.proxy.resume import CARRIED_OPTIONS, COMPLETIONS_PATH
 from rolltap.proxy.strip import Extras
-from rolltap.proxy.tokenin.parse import AnswerParser, Delta
+from rolltap.proxy.tokenin.parse import AnswerParser, CallDelta, Delta
 
 SGLANG_PATH = "/generate"
 
@@ -39,9 +39,6 @@ _SGLANG_SAMPLING = {
 
 class TokenInRoute:
     """One call's token-in request and its answer turned into chat (an `EngineCall` route)."""
-
-    resumable = False
-    """An answer aborted for a weight update is not continued (resume.py is chat-shaped)."""
 
     def __init__(
         self,
@@ -102,16 +99,21 @@ class TokenInRoute:
 
     # -- answers -----------------------------------------------------------------------------
 
-    def whole(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """A whole token-in answer as a chat completion."""
+    def whole(self, doc: dict[str, Any], *, resumes: bool = False) -> dict[str, Any]:
+        """A whole token-in answer as a chat completion. `resumes`: an abort will be continued
+        (its continuation read here too), so the parser keeps what it holds: a tool call the
+        abort cut in two is read whole from both parts."""
         text, ids, logprobs, finish, stop, usage = self._read(doc)
         delta = self._parser.push(text)
-        delta.add(self._parser.finish())
+        if not (resumes and finish == "abort"):
+            delta.add(self._parser.finish())
         message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
         if delta.reasoning:
             message["reasoning"] = delta.reasoning
         if delta.tool_calls:
-            message["tool_calls"] = [c.to_openai() for c in delta.tool_calls]
+            # A call begun before an abort this answer continues has no id here: its
+            # arguments are appended to the first part's call (resume.merged_answer).
+            message["tool_calls"] = [_call(c) for c in delta.calls()]
         elif message["content"] is None:
             message["content"] = ""
         choice = {
@@ -128,8 +130,8 @@ class TokenInRoute:
         out["prompt_token_ids"] = self._engine_prompt(doc)
         return out
 
-    def chunk(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """One token-in stream chunk as a chat completion chunk."""
+    def chunk(self, doc: dict[str, Any], *, resumes: bool = False) -> dict[str, Any]:
+        """One token-in stream chunk as a chat completion chunk (`resumes`: as for `whole`)."""
         meta = self._meta(doc)
         out: dict[str, Any] = {**meta, "object": "chat.completion.chunk"}
         if self._kind is not EngineKind.SGLANG and not doc.get("choices"):
@@ -139,7 +141,7 @@ class TokenInRoute:
             return out
         text, ids, logprobs, finish, stop, usage = self._read(doc)
         delta = self._parser.push(text)
-        if finish is not None:
+        if finish is not None and not (resumes and finish == "abort"):
             delta.add(self._parser.finish())
         body = self._delta(delta)
         first, self._opened = not self._opened, True
@@ -175,10 +177,7 @@ class TokenInRoute:
         if delta.content:
             body["content"] = delta.content
         if delta.tool_calls:
-            start = self._parser.calls - len(delta.tool_calls)
-            body["tool_calls"] = [
-                {"index": start + k, **call.to_openai()} for k, call in enumerate(delta.tool_calls)
-            ]
+            body["tool_calls"] = [{"index": c.index, **_call(c)} for c in delta.calls()]
         return body
 
     def _finish(self, finish: str | None) -> str | None:
@@ -243,6 +242,15 @@ class TokenInRoute:
                 "total_tokens": prompt + completion,
             }
         return new_text, ids, logprobs, finish, stop, usage
+
+
+def _call(call: CallDelta) -> dict[str, Any]:
+    """A call's piece as chat's `tool_calls` entry: its opening carries id, type and name, as
+    OpenAI's and vLLM's first delta of a call do; the rest only arguments."""
+    if call.id is None:
+        return {"function": {"arguments": call.arguments}}
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"id": call.id, "type": "function", "function": function}
 
 
 def _chat_logprobs(logprobs: Any, full: bool) -> list[dict[str, Any]] | None:

@@ -1,9 +1,11 @@
 """Tool-call parsers for generated text, by vLLM's `--tool-call-parser` names.
 
 Each takes the request's tools (qwen3_coder needs the parameter types) and splits text pushed
-piece by piece into content strings and `ToolCall`s, in order; a whole call is emitted once it
-is complete. Text that looks like a call but does not parse is handed back as content,
-verbatim, as vLLM leaves it:
+piece by piece into content strings and calls (`CallPart`s), in order. hermes and qwen3_coder
+stream a call as it is written, its name first and then its arguments in fragments, as vLLM's
+parsers for them do (callstream.py); llama3_json and mistral give each call whole once the
+answer ends. Text that looks like a call but does not parse is handed back as content,
+verbatim, as vLLM leaves it (a streamed call that breaks after its name went out excepted):
 
 - hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes 2 Pro, Qwen2.5,
   Qwen3), any number, with content around them.
@@ -18,15 +20,20 @@ verbatim, as vLLM leaves it:
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
-import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from rolltap.engine.tools import ToolCall, ToolCallStream, parse_block, partial_suffix
-
-Piece = str | ToolCall
+from rolltap.engine.tools import CLOSE, OPEN, ToolCall, parse_block, partial_suffix
+from rolltap.proxy.tokenin.callstream import (
+    CallPart,
+    Piece,
+    StreamedCalls,
+    new_call_id,
+    settled_json,
+)
 
 
 class ToolParser(Protocol):
@@ -37,7 +44,7 @@ class ToolParser(Protocol):
 
 def _call(name: str, arguments: dict[str, Any], call_id: str | None = None) -> ToolCall:
     return ToolCall(
-        id=call_id or f"call_{uuid.uuid4().hex[:24]}",
+        id=call_id or new_call_id(),
         name=name,
         arguments=json.dumps(arguments, ensure_ascii=False),
     )
@@ -86,39 +93,93 @@ def _typed(value: str, schema: Any) -> Any:
         return value
 
 
-def _qwen3_coder_block(types: dict[str, dict[str, Any]]) -> Callable[[str], ToolCall | None]:
-    def parse(body: str) -> ToolCall | None:
-        if not body.startswith("<function=") or not body.endswith("</function>"):
-            return None
-        head, _, rest = body[len("<function=") : -len("</function>")].partition(">")
-        name = head.strip()
-        if not name:
-            return None
-        schemas = types.get(name, {})
-        arguments: dict[str, Any] = {}
-        rest = rest.strip()
-        while rest:
-            if not rest.startswith("<parameter="):
-                return None
-            key, found, after = rest[len("<parameter=") :].partition(">")
-            value, closed, rest = after.partition("</parameter>")
-            if not found or not closed or not key.strip():
-                return None
-            # The template writes each value between newlines; those are not the value.
-            value = value.removeprefix("\n").removesuffix("\n")
-            arguments[key.strip()] = _typed(value, schemas.get(key.strip()))
-            rest = rest.strip()
-        return _call(name, arguments)
+_FUNCTION = re.compile(r"<function=([^>]*)>")
+_PARAMETER = "<parameter="
 
-    return parse
+
+def _parameters(text: str, schemas: dict[str, Any]) -> tuple[list[tuple[str, Any]], str] | None:
+    """The whole `<parameter=KEY>VALUE</parameter>` elements at the start of `text`, typed, and
+    what follows them; None when what follows cannot begin another one."""
+    found: list[tuple[str, Any]] = []
+    rest = text.strip()
+    while rest.startswith(_PARAMETER):
+        key, opened, after = rest[len(_PARAMETER) :].partition(">")
+        value, closed, after = after.partition("</parameter>")
+        if not (opened and closed):
+            return found, rest
+        if not key.strip():
+            return None
+        # The template writes each value between newlines; those are not the value.
+        value = value.removeprefix("\n").removesuffix("\n")
+        found.append((key.strip(), _typed(value, schemas.get(key.strip()))))
+        rest = after.strip()
+    return (found, rest) if _PARAMETER.startswith(rest[: len(_PARAMETER)]) else None
+
+
+class _Qwen3CoderReader:
+    """`<function=NAME>` then parameters: the call opens at the name, and each parameter's
+    `"key": value` is settled once its `</parameter>` is written."""
+
+    def __init__(self, tools: list[dict[str, Any]]) -> None:
+        self._types = _schema_types(tools)
+
+    def head(self, body: str) -> tuple[str, str] | None:
+        match = _FUNCTION.match(body)
+        if match is None or not match.group(1).strip():
+            return None
+        name = match.group(1).strip()
+        read = _parameters(body[match.end() :], self._types.get(name, {}))
+        found = read[0] if read is not None else []
+        return name, "{" + ", ".join(f"{_json(k)}: {_json(v)}" for k, v in found)
+
+    def parse(self, body: str) -> ToolCall | None:
+        match = _FUNCTION.match(body)
+        if match is None or not body.endswith("</function>"):
+            return None
+        name = match.group(1).strip()
+        inside = body[match.end() : -len("</function>")]
+        read = _parameters(inside, self._types.get(name, {}))
+        if not name or read is None or read[1]:
+            return None
+        return _call(name, dict(read[0]))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _qwen3_coder(tools: list[dict[str, Any]]) -> ToolParser:
-    return ToolCallStream(parse=_qwen3_coder_block(_schema_types(tools)))
+    return StreamedCalls(OPEN, CLOSE, _Qwen3CoderReader(tools))
+
+
+# -- hermes --------------------------------------------------------------------------------------
+
+_HERMES_HEAD = re.compile(
+    r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+)
+
+
+class _HermesReader:
+    """`{"name": NAME, "arguments": {...}}`: the call opens once its arguments begin, which
+    then stream as the prefix of their JSON that is settled."""
+
+    def head(self, body: str) -> tuple[str, str] | None:
+        match = _HERMES_HEAD.match(body)
+        if match is None:
+            return None
+        try:
+            name = json.loads('"' + match.group(1) + '"')
+        except ValueError:
+            return None
+        # Arguments given as a JSON string (the format allows it) are sent whole at the end.
+        return name, settled_json(body[match.end() :]) or ""
+
+    def parse(self, body: str) -> ToolCall | None:
+        return parse_block(body)
 
 
 def _hermes(tools: list[dict[str, Any]]) -> ToolParser:
-    return ToolCallStream(parse=parse_block)
+    return StreamedCalls(OPEN, CLOSE, _HermesReader())
 
 
 # -- llama3_json ---------------------------------------------------------------------------------
@@ -154,7 +215,7 @@ class _Llama3Json:
         if self._mode != "calls":
             return [text] if text else []
         calls = _llama3_calls(text.strip().removeprefix(_PYTHON_TAG))
-        return list(calls) if calls else [text]
+        return [CallPart.whole(c) for c in calls] if calls else [text]
 
 
 def _llama3_calls(text: str) -> list[ToolCall] | None:
@@ -221,7 +282,7 @@ class _Mistral:
         if not self._calls:
             return [text] if text else []
         calls = _mistral_calls(text)
-        return list(calls) if calls else [_TOOL_CALLS + text]
+        return [CallPart.whole(c) for c in calls] if calls else [_TOOL_CALLS + text]
 
 
 def _mistral_calls(text: str) -> list[ToolCall] | None:

@@ -170,18 +170,14 @@ async def chat_conversation(
                 async for chunk in await client.chat.completions.create(**params, stream=True):
                     delta = chunk.choices[0].delta if chunk.choices else None
                     text += (delta.content or "") if delta else ""
+                    # A call opens with its id and name; its arguments may come in fragments.
                     for call in (delta.tool_calls or []) if delta else []:
                         assert call.function is not None
-                        calls.append(
-                            {
-                                "id": call.id,
-                                "type": "function",
-                                "function": {
-                                    "name": call.function.name,
-                                    "arguments": call.function.arguments,
-                                },
-                            }
-                        )
+                        if call.id is not None:
+                            assert call.index == len(calls)
+                            function = {"name": call.function.name, "arguments": ""}
+                            calls.append({"id": call.id, "type": "function", "function": function})
+                        calls[call.index]["function"]["arguments"] += call.function.arguments or ""
             else:
                 reply = await client.chat.completions.create(**params)
                 message = reply.choices[0].message

@@ -62,6 +62,7 @@ CASES = [
 ]
 MALFORMED = [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "get_weather" "arguments": {}}</tool_call>'),
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</tool_call>"),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Par'),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci'),
@@ -84,21 +85,81 @@ def test_calls_are_read_the_same_whole_and_streamed(
 ) -> None:
     out = streamed(text, parser, size)
     assert out.content == content
-    assert [c.name for c in out.tool_calls] == ["get_weather"] * len(arguments)
-    assert [json.loads(c.arguments) for c in out.tool_calls] == arguments
+    assert [c.name for c in out.calls()] == ["get_weather"] * len(arguments)
+    assert [json.loads(c.arguments) for c in out.calls()] == arguments
     whole = parse_whole(text, None, parser, TOOLS)
-    assert (whole.content, [c.arguments for c in whole.tool_calls]) == (
+    assert (whole.content, [c.arguments for c in whole.calls()]) == (
         out.content,
-        [c.arguments for c in out.tool_calls],
+        [c.arguments for c in out.calls()],
     )
 
 
 @pytest.mark.parametrize(("parser", "text"), MALFORMED)
-@pytest.mark.parametrize("size", [1, 10_000])
-def test_a_malformed_call_is_content_verbatim(parser: str, text: str, size: int) -> None:
-    out = streamed(text, parser, size)
+def test_a_malformed_call_is_content_verbatim(parser: str, text: str) -> None:
+    out = parse_whole(text, None, parser, TOOLS)
     assert out.tool_calls == []
     assert out.content == text
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "opened"), [(*MALFORMED[0], 1), (*MALFORMED[1], 0), (*MALFORMED[2], 1)]
+)
+def test_a_call_that_breaks_after_its_name_went_out_stays_a_call(
+    parser: str, text: str, opened: int
+) -> None:
+    """Streamed, the name (and the arguments settled) went out before the break showed: they
+    cannot be taken back, so the call ends with them, as vLLM's streaming parsers leave it; the
+    block's text is not sent again as content. One that breaks before its name is content."""
+    out = streamed(text, parser, 1)
+    if not opened:
+        assert (out.tool_calls, out.content) == ([], text)
+        return
+    (call,) = out.calls()
+    assert (call.name, call.arguments, out.content) == ("get_weather", "{", "")
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        (
+            "hermes",
+            'On it.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+            '"days": 3, "metric": true, "note": "a \\"quoted\\" line\\nand \\u00e9\\ud83d\\ude00", '
+            '"tags": [1, 2.5, null, {"x": []}]}}\n</tool_call>\n<tool_call>\n'
+            '{"name": "get_weather", "arguments": {}}\n</tool_call>',
+        ),
+        (
+            "qwen3_coder",
+            "On it.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew\nYork\n"
+            "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n"
+            "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+            "</function>\n</tool_call>",
+        ),
+    ],
+)
+def test_calls_stream_as_vllm_sends_them(parser: str, text: str) -> None:
+    """Pushed a character at a time: each call opens with its id and name and no arguments yet,
+    then its arguments come in several fragments that add up to exactly what the whole answer
+    holds; the second call gets the next index."""
+    answer = AnswerParser(None, parser, TOOLS)
+    chunks = [answer.push(ch) for ch in text] + [answer.finish()]
+    parts = [part for chunk in chunks for part in chunk.tool_calls]
+    whole = parse_whole(text, None, parser, TOOLS)
+    assert "".join(c.content for c in chunks) == whole.content == "On it.\n\n"
+    assert [(c.index, c.name) for c in whole.calls()] == [(0, "get_weather"), (1, "get_weather")]
+    for call in whole.calls():
+        own = [p for p in parts if p.index == call.index]
+        assert (own[0].name, own[0].arguments) == (call.name, "")
+        assert own[0].id is not None
+        assert all(p.id is None for p in own[1:])
+        assert "".join(p.arguments for p in own) == call.arguments
+    first = [p for p in parts if p.index == 0]
+    assert len(first) > 4  # streamed, not sent whole at the end
+    # Every fragment is settled: what was sent is always a prefix of the final arguments.
+    sent = ""
+    for part in first[1:]:
+        sent += part.arguments
+        assert whole.calls()[0].arguments.startswith(sent)
 
 
 @pytest.mark.parametrize(

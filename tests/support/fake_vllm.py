@@ -163,6 +163,9 @@ class FakeVLLM:
     plus a prefix of them (an aborted answer resumed token-in) gets the rest."""
     completion_text: str = "continued"
     """What any other token-in completions request is answered (then <|im_end|>)."""
+    completion_sampled: int = 0
+    """Tokens the completions route has sampled so far (written, or counted toward a whole
+    answer), for a test to act at a known point of an answer."""
     completion_script: Callable[[list[int]], Reply] | None = None
     """Instead of completion_text: the prompt ids -> the reply, written as the chat route
     writes one (reasoning, text, <tool_call> blocks) for the proxy's parsers to read."""
@@ -210,12 +213,14 @@ class FakeVLLM:
         return web.json_response({})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        """Token-in completions, answering the rest of a planned answer (see `planned`)."""
+        """Token-in completions, answering the rest of a planned answer (see `planned`); an
+        abort ends it as the chat route's (what was sampled, finish_reason "abort")."""
         body = orjson.loads(await request.read())
         if self.record_requests:
             self.requests.append((request.path, CIMultiDict(request.headers), body))
         prompt = list(body["prompt"])
         ids = self._rest_of(prompt)
+        generation = self.aborts
         finish = "stop"
         # vLLM's completions: 16 tokens when max_tokens is left out, no limit when it is null.
         limit = body.get("max_tokens", 16)
@@ -241,8 +246,23 @@ class FakeVLLM:
             "completion_tokens": len(ids),
             "total_tokens": len(prompt) + len(ids),
         }
+
+        def aborted_after(k: int) -> bool:
+            if self.aborts == generation:
+                return False
+            # What a continuation of this prompt plus the first k ids is to get.
+            self.planned[tuple(prompt)] = ids
+            return True
+
         if not body.get("stream"):
-            await asyncio.sleep(delay * len(ids))
+            for k in range(len(ids)):
+                if aborted_after(k):
+                    ids, finish = ids[:k], "abort"
+                    break
+                self.completion_sampled += 1
+                if delay:
+                    await asyncio.sleep(delay)
+            usage = {**usage, "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
             doc = {**header, "object": "text_completion", "choices": [choice(ids, finish, True)]}
             # orjson, as the chat route: the benchmark compares the two routes through the proxy.
             return web.Response(
@@ -252,9 +272,16 @@ class FakeVLLM:
         await resp.prepare(request)
         base = {**header, "object": "text_completion"}
         for k, token in enumerate(ids):
+            if aborted_after(k):
+                chunk = {**base, "choices": [choice([], "abort", k == 0)]}
+                await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                ids = ids[:k]
+                usage = {**usage, "completion_tokens": k, "total_tokens": len(prompt) + k}
+                break
             ended = finish if k == len(ids) - 1 else None
             chunk = {**base, "choices": [choice([token], ended, k == 0)]}
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            self.completion_sampled += 1
             if delay:
                 await asyncio.sleep(delay)
         if (body.get("stream_options") or {}).get("include_usage"):

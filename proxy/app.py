@@ -41,7 +41,13 @@ def token_in(settings: ProxySettings) -> TokenIn:
     local = None
     if chosen.tokenizer is not None:
         local = Bridges(LocalTemplate.load(chosen.tokenizer, chosen.chat_template))
-    return TokenIn(chosen.enabled, chosen.reasoning_parser, chosen.tool_call_parser, local)
+    return TokenIn(
+        chosen.enabled,
+        chosen.reasoning_parser,
+        chosen.tool_call_parser,
+        local=local,
+        route=chosen.route,
+    )
 
 
 def make_context(settings: ProxySettings, store: Store) -> ProxyContext:

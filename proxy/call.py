@@ -73,8 +73,12 @@ class Chunk:
 
 
 class Route(Protocol):
-    """An engine route other than chat completions whose answers read back as chat ones (the
-    token-in route, proxy/tokenin/route.py)."""
+    """How a call reaches its engine other than as a plain chat request, its answers read back
+    as chat ones (token-in: proxy/tokenin/route.py, proxy/tokenin/chatroute.py)."""
+
+    reads_text: bool
+    """The engine answers raw text that the route parses; an answer aborted for a weight
+    update is then continued through the route too (else read as any chat call's)."""
 
     def prepare(self, chat: dict[str, Any], kind: EngineKind) -> Prepared:
         """The engine request for the chat request `chat`, its path set."""
@@ -360,7 +364,10 @@ class EngineCall:
         self._finish_upstream()
         doc = self._parse(raw, "continuation")
         try:
-            chat = resume.chat_part(doc) if self._route is None else self._route.whole(doc)
+            if self._route is not None and self._route.reads_text:
+                chat = self._route.whole(doc)
+            else:
+                chat = resume.chat_part(doc)
             capture_response(chat, self._exchange.captured)
         except _UNREADABLE as e:
             raise EngineGarbled(f"unreadable engine continuation: {named(e)}", raw) from e
@@ -372,7 +379,7 @@ class EngineCall:
     def _continued_chunk(self, raw: bytes, first: tuple[int, int]) -> Chunk:
         doc = self._parse(raw, "continuation chunk")
         try:
-            if self._route is None:
+            if self._route is None or not self._route.reads_text:
                 chat = resume.chat_chunk(doc, self._head, first)
             else:
                 chat = self._route.chunk(doc)

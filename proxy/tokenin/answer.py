@@ -1,8 +1,9 @@
 """Token-in calls: decide per call whether it continues a lineage, and answer either way.
 
 A call of a token-in rollout whose request continues an earlier answer (lineage.py) is sent to
-the engine's token-in route with the earlier prompt, the sampled ids and the bridge
-(bridge.py), its answer read back as chat (route.py). Any other call is a normal rendered chat
+the engine with the earlier prompt, the sampled ids and the bridge (bridge.py): on its token-in
+route, the answer parsed back into chat here (route.py), or with the chat request, parsed by
+the engine (chatroute.py). Any other call is a normal rendered chat
 call, its reason code recorded. Both become a lineage turn once answered, so the next call of
 the conversation can continue them.
 """
@@ -22,8 +23,10 @@ from rolltap.proxy.errors import UpstreamUnavailable
 from rolltap.proxy.intake import Intake
 from rolltap.proxy.relay import EngineAnswer
 from rolltap.proxy.tokenin.bridge import TemplateFailed
+from rolltap.proxy.tokenin.chatroute import ChatIdsRoute
 from rolltap.proxy.tokenin.config import TokenIn
 from rolltap.proxy.tokenin.lineage import (
+    ENGINE_RENDERED,
     HISTORY_EDITED,
     MULTIPLE_CHOICES,
     TOKENIZE_FAILED,
@@ -50,19 +53,21 @@ async def answer_token_in(tokenin: TokenIn, taken: Intake, body: dict[str, Any])
     context = context_print(body)
     started = time.perf_counter()
     outcome = await _decide(tokenin, taken, body, hashes, context)
-    route = outcome if isinstance(outcome, TokenInRoute) else None
+    route = None if isinstance(outcome, str) else outcome
     exchange.bridge = BRIDGED if route is not None else str(outcome)
     metrics = taken.ctx.metrics
-    metrics.token_in.inc(outcome=exchange.bridge)
+    checked = route if isinstance(route, ChatIdsRoute) else None
+    if checked is None:  # a chat-route call counts once its engine's prompt is known
+        metrics.token_in.inc(outcome=exchange.bridge)
     if route is not None:
         metrics.bridge_seconds.observe(time.perf_counter() - started)
     call = EngineCall(taken.ctx, exchange, body, rollout=state, route=route)
-    return _Remembered(call, taken, state.lineages, hashes, context)
+    return _Remembered(call, taken, state.lineages, hashes, context, checked)
 
 
 async def _decide(
     tokenin: TokenIn, taken: Intake, body: dict[str, Any], hashes: list[bytes], context: bytes
-) -> TokenInRoute | str:
+) -> TokenInRoute | ChatIdsRoute | str:
     if (body.get("n") or 1) != 1:
         return MULTIPLE_CHOICES
     found = await _find(taken, body["messages"], hashes, context)
@@ -90,6 +95,8 @@ async def _decide(
         return TOKENIZE_FAILED
     if isinstance(bridge, str):
         return bridge
+    if tokenin.route == "chat":
+        return ChatIdsRoute([*turn.prompt_ids, *turn.sampled_ids, *bridge])
     parse_tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
     return TokenInRoute(
         [*turn.prompt_ids, *turn.sampled_ids, *bridge],
@@ -137,8 +144,12 @@ class _Remembered:
         lineages: Lineages,
         hashes: list[bytes],
         context: bytes,
+        chat_route: ChatIdsRoute | None = None,
     ) -> None:
+        """`chat_route`: the call was sent by the chat route, whose engine may have ignored
+        the ids: the prompt it reports is checked."""
         self._call = call
+        self._chat_route = chat_route
         self._taken = taken
         self._lineages = lineages
         self._hashes = hashes
@@ -176,6 +187,19 @@ class _Remembered:
     def _remember(self, message: dict[str, Any]) -> None:
         captured = self._taken.exchange.captured
         choice = captured.choices.get(0)
+        exchange = self._taken.exchange
+        route = self._chat_route
+        if route is not None:
+            # A resumed answer's prompt is the ids sent plus the partial answer: not checked.
+            if exchange.resumes is None and not route.used_by(captured.prompt_ids):
+                exchange.bridge = ENGINE_RENDERED
+                log.warning(
+                    "call %s: the engine did not sample from the prompt ids sent with the chat "
+                    "request (it rendered the messages); recorded as %s",
+                    exchange.call_id,
+                    ENGINE_RENDERED,
+                )
+            self._taken.ctx.metrics.token_in.inc(outcome=exchange.bridge or BRIDGED)
         if captured.prompt_ids is None or choice is None or not choice.has_ids:
             return  # a text-only answer cannot be continued by ids
         turn = Turn(

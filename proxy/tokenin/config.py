@@ -18,6 +18,8 @@ class TokenIn:
     """Token-in for rollouts that do not choose."""
     reasoning_parser: str | None
     tool_call_parser: str
+    route: str = "completions"
+    """TokenInOptions.route."""
     local: Bridges | None = None
     """Bridges rendered in process (`--tokenizer`); None: by each engine's /tokenize."""
     _remote: dict[tuple[str, str | None], Bridges] = field(default_factory=dict)

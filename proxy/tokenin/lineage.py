@@ -52,6 +52,9 @@ UNSUPPORTED_BACKEND = "unsupported_backend"
 """The backend has no token-in route (a plain OpenAI-compatible server)."""
 TOKENIZE_FAILED = "tokenize_failed"
 """The engine's /tokenize could not render the bridge."""
+ENGINE_RENDERED = "engine_rendered"
+"""Sent by the chat route with its prompt ids, the call was sampled from another prompt: the
+engine ignored the ids and rendered the messages (a vLLM before 0.33, say)."""
 
 
 _TAIL_ROLES = frozenset({"tool", "user"})

@@ -11,6 +11,10 @@ class TokenInOptions:
     """Token-in mode for rollouts that do not choose (`token_in` on POST /admin/rollouts): each
     conversation's next prompt is its previous prompt, the sampled ids and a bridge, sent to
     the engine's token-in route (proxy/tokenin)."""
+    route: str = "completions"
+    """Where token-in calls go: "completions" (vLLM's and rolltap's engine's /v1/completions,
+    SGLang's /generate; rolltap parses the text with the parsers below) or "chat" (the engine's
+    chat route with the ids attached; the engine's own parsers read the answer)."""
     tool_call_parser: str = "hermes"
     """How tool calls are read from the generated text (vLLM's names)."""
     reasoning_parser: str | None = None

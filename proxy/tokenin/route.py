@@ -40,6 +40,8 @@ _SGLANG_SAMPLING = {
 class TokenInRoute:
     """One call's token-in request and its answer turned into chat (an `EngineCall` route)."""
 
+    reads_text = True
+
     def __init__(
         self,
         prompt_ids: list[int],

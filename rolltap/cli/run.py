@@ -166,8 +166,8 @@ def run(
         raise click.ClickException("--proxy-socket needs --model: the model name that proxy serves")
     if proxy_socket is not None and token_in != TokenInOptions(enabled=token_in.enabled):
         raise click.ClickException(
-            "--proxy-socket: that proxy reads token-in answers with its own parsers "
-            "(its `serve` flags); --token-in alone asks it to use token-in for this batch"
+            "--proxy-socket: that proxy answers token-in calls with its own route and "
+            "parsers (its `serve` flags); --token-in alone asks it to use token-in for this batch"
         )
     selected: Path | list[Task] = tasks
     if task_ids:

@@ -25,6 +25,16 @@ _OPTIONS = (
         "ids and a bridge, so the engine never re-renders the history.",
     ),
     click.option(
+        "--token-in-route",
+        type=click.Choice(["completions", "chat"]),
+        default="completions",
+        show_default=True,
+        help="Token-in: completions sends the ids to the engine's completions route (SGLang: "
+        "/generate) and parses the text with the two parsers below; chat sends them with the "
+        "chat request (vLLM >= 0.33 kv_transfer_params, SGLang input_ids, rolltap's engine) so "
+        "the engine's own parsers read the answer.",
+    ),
+    click.option(
         "--tool-call-parser",
         type=click.Choice(sorted(TOOL_PARSERS)),
         default="hermes",
@@ -48,7 +58,14 @@ _OPTIONS = (
         help="Token-in with --tokenizer: the chat template file the engine was started with.",
     ),
 )
-NAMES = ("token_in", "tool_call_parser", "reasoning_parser", "tokenizer", "chat_template")
+NAMES = (
+    "token_in",
+    "token_in_route",
+    "tool_call_parser",
+    "reasoning_parser",
+    "tokenizer",
+    "chat_template",
+)
 """The click parameter names of the flags above."""
 
 
@@ -57,9 +74,10 @@ def token_in_options(command: F) -> F:
 
     @functools.wraps(command)
     def gathered(*args: Any, **kwargs: Any) -> Any:
-        enabled, tool_parser, reasoning, tokenizer, template = (kwargs.pop(n) for n in NAMES)
+        enabled, route, tool_parser, reasoning, tokenizer, template = (kwargs.pop(n) for n in NAMES)
         kwargs["token_in"] = TokenInOptions(
             enabled=enabled,
+            route=route,
             tool_call_parser=tool_parser,
             reasoning_parser=reasoning,
             tokenizer=None if tokenizer is None else str(tokenizer),

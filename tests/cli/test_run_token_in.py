@@ -54,7 +54,7 @@ def test_parsers_are_refused_for_a_proxy_that_runs_elsewhere(tmp_path: Path) -> 
     )
     assert ran.returncode == 1
     assert ran.stderr.strip().splitlines() == [
-        "Error: --proxy-socket: that proxy reads token-in answers with its own parsers (its "
-        "`serve` flags); --token-in alone asks it to use token-in for this batch"
+        "Error: --proxy-socket: that proxy answers token-in calls with its own route and parsers "
+        "(its `serve` flags); --token-in alone asks it to use token-in for this batch"
     ]
     assert not (tmp_path / "s.sqlite").exists()  # refused before anything was created

@@ -322,3 +322,31 @@ async def test_append_only_template_gives_the_same_answers_either_way(
             a, b = await store.call_tokens(rendered.id), await store.call_tokens(bridged.id)
             assert np.array_equal(a.prompt_ids, b.prompt_ids)
             assert np.array_equal(a.choices[0].token_ids, b.choices[0].token_ids)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def chat_route_proxy(store: Store, engine: EngineProcess) -> AsyncIterator[RunningProxy]:
+    """`--token-in-route chat`: the ids go with the chat request; the engine parses."""
+    async with running_proxy(store, engine.url, token_in=TokenInOptions(route="chat")) as running:
+        yield running
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_the_chat_route_keeps_one_segment_parsed_by_the_engine(
+    store: Store, chat_route_proxy: RunningProxy, stream: bool
+) -> None:
+    """The same drifting template, the engine's own tool and reasoning parsers: the ids sent
+    with the chat request are sampled from, and the rollout is one segment of them."""
+    r = await rollout(store, chat_route_proxy, token_in=True)
+    seen = await chat_conversation(r, stream)
+
+    assert seen[0][1], seen  # the engine's parser found the calls
+    assert seen[2][1], seen
+    calls = await store.calls(r.id)
+    assert [c.bridge for c in calls] == ["first_turn", "bridged", "bridged"]
+    (one,) = (await r.store.rollout_trajectories(r.id)).trajectories
+    assert one.call_ids == tuple(c.id for c in calls)
+    for before, after in itertools.pairwise(calls):
+        b, a = await store.call_tokens(before.id), await store.call_tokens(after.id)
+        held = np.concatenate([b.prompt_ids, b.choices[0].token_ids])
+        assert np.array_equal(a.prompt_ids[: len(held)], held)

@@ -163,6 +163,10 @@ class FakeVLLM:
     plus a prefix of them (an aborted answer resumed token-in) gets the rest."""
     completion_text: str = "continued"
     """What any other token-in completions request is answered (then <|im_end|>)."""
+    takes_prompt_ids: bool = True
+    """The chat route samples from a token prompt sent with the request (vLLM 0.33's
+    `kv_transfer_params.prompt_token_ids`, SGLang's `input_ids`); False: it ignores the field
+    and renders the messages, as an older engine does."""
     completion_sampled: int = 0
     """Tokens the completions route has sampled so far (written, or counted toward a whole
     answer), for a test to act at a known point of an answer."""
@@ -191,6 +195,7 @@ class FakeVLLM:
         app.router.add_post("/abort_requests", self.abort_requests)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/v1/tokenize", self.tokenize)  # SGLang's path
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         return app
@@ -357,6 +362,10 @@ class FakeVLLM:
             with_ids = False
         n = int(body.get("n") or 1)
         prompt = render(body["messages"], body.get("tools"))
+        transfer = body.get("kv_transfer_params") or {}
+        given = body.get("input_ids") if self.sglang else transfer.get("prompt_token_ids")
+        if given is not None and self.takes_prompt_ids:
+            prompt = list(given)
         request_id = request.headers.get("X-Request-Id") or f"{self.served}"
         self._log(request_id)
         choices = [self._choice(reply, i, body, request_id) for i in range(n)]

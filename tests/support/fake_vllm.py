@@ -194,6 +194,7 @@ class FakeVLLM:
         app.router.add_post("/update_weights_from_disk", self.update_weights)
         app.router.add_post("/abort_requests", self.abort_requests)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/generate", self.generate)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/v1/tokenize", self.tokenize)  # SGLang's path
         app.router.add_get("/v1/models", self.models)
@@ -292,6 +293,51 @@ class FakeVLLM:
         if (body.get("stream_options") or {}).get("include_usage"):
             chunk = {**base, "choices": [], "usage": usage}
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's native token-in route: `input_ids` in; text, `output_ids` and `meta_info`
+        out; a stream is cumulative (each event holds everything so far), as SGLang's default."""
+        body = orjson.loads(await request.read())
+        if self.record_requests:
+            self.requests.append((request.path, CIMultiDict(request.headers), body))
+        sampling = body.get("sampling_params") or {}
+        unknown = sorted(set(sampling) - _SGLANG_SAMPLING)
+        if unknown:  # SGLang's schema refuses what it does not know
+            message = f"unknown field `{unknown[0]}`"
+            return web.json_response({"error": {"message": message, "code": 400}}, status=400)
+        prompt = list(body["input_ids"])
+        ids = self._rest_of(prompt)
+        finish: dict[str, Any] = {"type": "stop", "matched": IM_END}
+        limit = sampling.get("max_new_tokens")
+        if limit is not None and len(ids) > int(limit):
+            ids, finish = ids[: int(limit)], {"type": "length", "length": int(limit)}
+        rid = f"gen-{len(self.requests)}"
+
+        def doc(part: list[int], ended: dict[str, Any] | None) -> dict[str, Any]:
+            meta: dict[str, Any] = {
+                "id": rid,
+                "finish_reason": ended,
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(part),
+                "cached_tokens": 0,
+                "weight_version": self.weight_version or "default",
+            }
+            if body.get("return_logprob"):
+                meta["output_token_logprobs"] = [[logprob_of(i), i, None] for i in part]
+            return {"text": decode(part), "output_ids": part, "meta_info": meta}
+
+        if not body.get("stream"):
+            return web.json_response(doc(ids, finish))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for k in range(1, len(ids) + 1):
+            event = doc(ids[:k], finish if k == len(ids) else None)
+            await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+            if self.token_delay:
+                await asyncio.sleep(self.token_delay)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -709,6 +755,16 @@ def main() -> None:
         access_log=None,
         handler_cancellation=True,
     )
+
+
+_SGLANG_SAMPLING = frozenset(
+    {
+        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+        "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "ignore_eos",
+        "skip_special_tokens", "sampling_seed", "no_stop_trim", "n",
+    }
+)  # fmt: skip
+"""SGLang's `sampling_params` fields the fake knows (SGLang answers others with a 400)."""
 
 
 def _cut(choice: dict[str, Any], k: int) -> dict[str, Any]:

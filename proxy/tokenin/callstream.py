@@ -6,7 +6,8 @@ closing tag is read by a `CallReader` for its format: once the head (the name) i
 call is opened, and from then on every push sends whatever more of the final arguments string
 is settled. Fragments are pieces of what the whole call's `arguments` will be (the JSON object
 as `json.dumps` writes it), so a client concatenating them gets the same string as a
-non-streamed answer.
+non-streamed answer. Each character is read once, so a long call costs time linear in its
+length (a 10 KB file written through a call is pushed a few characters at a time).
 
 A block that closes within one push (every block of a whole answer) is read whole, as
 `engine.tools.ToolCallStream` reads it: a call, or its text as content when malformed. A call
@@ -18,8 +19,10 @@ hold calls until the answer ends and check them; proxy/blocks.py).
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rolltap.engine.tools import ToolCall, partial_suffix
@@ -42,206 +45,326 @@ class CallPart:
 Piece = str | CallPart
 
 
-class CallReader(Protocol):
-    """One format's call block, read as it grows and once it is whole."""
-
-    def head(self, body: str) -> tuple[str, str] | None:
-        """(name, settled prefix of the arguments string) of an unfinished block, or None while
-        the name is not yet known; the prefix is "" until some of it is settled."""
-        ...
-
-    def parse(self, body: str) -> ToolCall | None:
-        """The whole block as a call, or None when it is malformed."""
-        ...
-
-
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+class CallReader(Protocol):
+    """One block of a format, read as it grows (a reader per block) and once it is whole."""
+
+    def grow(self, text: str) -> tuple[str, str] | None:
+        """Read `text`, the block's next characters: None while the call's name is not known,
+        then (name, what more of the final arguments string this settled)."""
+        ...
+
+    def parse(self, body: str) -> ToolCall | None:
+        """The whole block (stripped) as a call, or None when it is malformed."""
+        ...
+
+
+class TagScanner:
+    """Finds a tag in text that arrives in pieces, reading each character once."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, str | None]:
+        """(the text before the tag, or all that cannot be its start; what follows the tag, or
+        None while it has not been seen)."""
+        window = self._held + text
+        at = window.find(self.tag)
+        if at >= 0:
+            self._held = ""
+            return window[:at], window[at + len(self.tag) :]
+        keep = partial_suffix(window, self.tag)
+        cut = len(window) - keep
+        self._held = window[cut:]
+        return window[:cut], None
+
+    def held(self) -> str:
+        """What was kept back as a possible start of the tag."""
+        return self._held
+
+
 @dataclass
-class _Open:
-    sent: str = ""
-    """The arguments sent so far."""
-    broken: bool = False
-    """Its arguments stopped being a prefix of anything well formed: nothing more is sent."""
+class _Block:
+    reader: CallReader
+    close: TagScanner
+    parts: list[str] = field(default_factory=list)
+    """The block's text so far."""
+    opened: bool = False
+    sent: list[str] = field(default_factory=list)
+    """The arguments sent so far, in pieces."""
 
 
 class StreamedCalls:
     """Content and calls, in order, from text pushed piece by piece; calls in `open_tag` ...
-    `close_tag` blocks, read by `reader`."""
+    `close_tag` blocks, each read by a reader of its own from `new_reader`."""
 
-    def __init__(self, open_tag: str, close_tag: str, reader: CallReader) -> None:
-        self._open_tag, self._close_tag, self._reader = open_tag, close_tag, reader
+    def __init__(self, open_tag: str, close_tag: str, new_reader: Callable[[], CallReader]) -> None:
+        self._open_tag, self._close_tag, self._new_reader = open_tag, close_tag, new_reader
         self._buffer = ""
-        self._inside = False
-        self._streaming: _Open | None = None
+        """Outside a block: a tail that could still become the opening tag."""
+        self._block: _Block | None = None
 
     def push(self, text: str) -> list[Piece]:
-        self._buffer += text
         pieces: list[Piece] = []
-        while True:
-            if self._inside:
-                end = self._buffer.find(self._close_tag)
-                if end < 0:
-                    pieces += self._grow(self._buffer)
-                    return pieces
-                pieces += self._close(self._buffer[:end], closed=True)
-                self._buffer = self._buffer[end + len(self._close_tag) :]
-                self._inside = False
+        rest: str | None = text
+        while rest:
+            if self._block is None:
+                rest = self._outside(rest, pieces)
             else:
-                start = self._buffer.find(self._open_tag)
-                if start < 0:
-                    # Hold back a tail that could still become the opening tag.
-                    cut = len(self._buffer) - partial_suffix(self._buffer, self._open_tag)
-                    if cut:
-                        pieces.append(self._buffer[:cut])
-                    self._buffer = self._buffer[cut:]
-                    return pieces
-                if start:
-                    pieces.append(self._buffer[:start])
-                self._buffer = self._buffer[start + len(self._open_tag) :]
-                self._inside = True
+                rest = self._inside(rest, pieces)
+        return pieces
 
     def finish(self) -> list[Piece]:
         """End of output: an unclosed final block is still a call when it is complete."""
         pieces: list[Piece] = []
-        if self._inside:
-            pieces += self._close(self._buffer, closed=False)
+        block, self._block = self._block, None
+        if block is not None:
+            pieces += self._close(block, "".join(block.parts) + block.close.held(), closed=False)
         elif self._buffer:
             pieces.append(self._buffer)
-        self._buffer, self._inside = "", False
+        self._buffer = ""
         return pieces
 
-    def _grow(self, body: str) -> list[Piece]:
+    def _outside(self, text: str, pieces: list[Piece]) -> str | None:
+        buffer = self._buffer + text
+        start = buffer.find(self._open_tag)
+        if start < 0:
+            cut = len(buffer) - partial_suffix(buffer, self._open_tag)
+            if cut:
+                pieces.append(buffer[:cut])
+            self._buffer = buffer[cut:]
+            return None
+        if start:
+            pieces.append(buffer[:start])
+        self._buffer = ""
+        self._block = _Block(self._new_reader(), TagScanner(self._close_tag))
+        return buffer[start + len(self._open_tag) :]
+
+    def _inside(self, text: str, pieces: list[Piece]) -> str | None:
+        block = self._block
+        assert block is not None
+        before, after = block.close.feed(text)
+        block.parts.append(before)
+        if after is None:
+            pieces += self._grow(block, before)
+            return None
+        self._block = None
+        pieces += self._close(block, "".join(block.parts), closed=True)
+        return after
+
+    def _grow(self, block: _Block, text: str) -> list[Piece]:
         """An unfinished block: open its call once the name is known, then send what more of
-        its arguments is settled."""
-        # A tail that may be the start of the closing tag is not part of the call.
-        body = body[: len(body) - partial_suffix(body, self._close_tag)]
-        head = self._reader.head(body.strip())
-        if head is None:
+        its arguments is settled. A block that closes in the push that opened it is not
+        grown: it is read whole."""
+        read = block.reader.grow(text) if text else None
+        if read is None:
             return []
-        name, settled = head
+        name, more = read
         pieces: list[Piece] = []
-        if self._streaming is None:
-            self._streaming = _Open()
+        if not block.opened:
+            block.opened = True
             pieces.append(CallPart("", new_call_id(), name))
-        pieces += self._more(settled)
+        if more:
+            block.sent.append(more)
+            pieces.append(CallPart(more))
         return pieces
 
-    def _more(self, settled: str) -> list[Piece]:
-        streaming = self._streaming
-        assert streaming is not None
-        if streaming.broken or len(settled) <= len(streaming.sent):
-            return []
-        if not settled.startswith(streaming.sent):
-            streaming.broken = True
-            return []
-        fragment, streaming.sent = settled[len(streaming.sent) :], settled
-        return [CallPart(fragment)]
-
-    def _close(self, body: str, *, closed: bool) -> list[Piece]:
-        call = self._reader.parse(body.strip())
-        streaming, self._streaming = self._streaming, None
-        if streaming is None:
+    def _close(self, block: _Block, body: str, *, closed: bool) -> list[Piece]:
+        call = block.reader.parse(body.strip())
+        if not block.opened:
             if call is not None:
                 return [CallPart.whole(call)]
             return [self._open_tag + body + (self._close_tag if closed else "")]
-        if call is None:
-            return []  # already a call: it ends with what was sent
-        self._streaming = streaming
-        pieces = self._more(call.arguments)
-        self._streaming = None
-        return pieces
+        sent = "".join(block.sent)
+        if call is None or not call.arguments.startswith(sent):
+            # Already a call: it ends with what was sent (malformed, or a key given twice,
+            # which the whole call's JSON keeps once).
+            return []
+        rest = call.arguments[len(sent) :]
+        return [CallPart(rest)] if rest else []
 
 
-# -- settled prefixes of JSON objects ------------------------------------------------------------
+# -- JSON, re-written as json.dumps writes it, as it arrives -------------------------------------
 
-_CLOSERS = {"{": "}", "[": "]"}
-
-
-def settled_json(text: str) -> str | None:
-    """The longest prefix of `json.dumps(value, ensure_ascii=False)` that `text`, the start of
-    a JSON object's text, already decides; None when `text` cannot start a JSON object.
-
-    The text is cut at its last point where what follows cannot change what precedes (inside a
-    string value, or just after a whole value or an opening bracket), completed with the quote
-    and brackets it leaves open, read, and written back: minus the completion, that is settled.
-    A number, literal or key still being written is left for later."""
-    text = text.lstrip()
-    if not text.startswith("{"):
-        return None if text else ""
-    cut = _cut(text)
-    if cut is None:
-        return None
-    end, completion = cut
-    try:
-        value = json.loads(text[:end] + completion)
-    except ValueError:
-        return None
-    written = json.dumps(value, ensure_ascii=False)
-    return written[: len(written) - len(completion)]
+_RUN = re.compile(r'[^"\\\x00-\x1f]+')
+_SPACE = frozenset(" \t\r\n")
+_SCALAR_END = frozenset(",}] \t\r\n")
+_SHORT_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r"}
+_SHORT_ESCAPES["t"] = "\t"
+_CLOSER = {"{": "}", "[": "]"}
 
 
-def _cut(text: str) -> tuple[int, str] | None:
-    """(end, completion): the last point of `text` to cut at, and what closes it there."""
-    stack: list[str] = []
-    best: tuple[int, str] | None = None
-    in_string = is_key = in_scalar = False
-    expect_key = False
-    escape = 0  # characters left of an escape sequence being read
-    high_surrogate = False
+def _written(char: str) -> str:
+    """One character inside a string as json.dumps(..., ensure_ascii=False) writes it."""
+    return json.dumps(char, ensure_ascii=False)[1:-1]
 
-    def closing() -> str:
-        return "".join(_CLOSERS[c] for c in reversed(stack))
 
-    for i, ch in enumerate(text):
-        if in_string:
-            if escape:
-                code = ""
-                if escape == 5:  # the character after the backslash
-                    escape = 4 if ch == "u" else 0
-                else:
-                    escape -= 1
-                    code = text[i - 3 : i + 1] if escape == 0 else ""
-                if escape == 0 and not is_key:
-                    # A high surrogate waits for its pair: the pair is written as one character.
-                    high_surrogate = code[:2].lower() in ("d8", "d9", "da", "db")
-                    if not high_surrogate:
-                        best = (i + 1, '"' + closing())
+class JsonEcho:
+    """A JSON value's text, fed in pieces, written back as `json.dumps(json.loads(text),
+    ensure_ascii=False)` writes it, as far as it is settled: strings character by character,
+    numbers and literals once they end, separators as `, ` and `: `. `broken` once the text
+    cannot be JSON; `done` once the value is complete (what follows is not read)."""
+
+    def __init__(self, *, object_only: bool = False) -> None:
+        """`object_only`: anything but an object is `broken` at its first character."""
+        self._object_only = object_only
+        self._stack: list[str] = []
+        self._expect = "value"
+        """value | value_or_end | key | key_or_end | colon | next (a comma or the closer)"""
+        self._string = False
+        self._is_key = False
+        self._escape = ""
+        self._high = ""
+        """A high surrogate read from an escape, waiting for its pair."""
+        self._scalar = ""
+        self.done = False
+        self.broken = False
+
+    def feed(self, text: str) -> str:
+        out: list[str] = []
+        i, n = 0, len(text)
+        while i < n and not (self.done or self.broken):
+            if self._string:
+                i = self._in_string(text, i, out)
                 continue
-            if ch == "\\":
-                escape = 5
-                continue
+            ch = text[i]
+            if self._scalar:
+                if ch not in _SCALAR_END:
+                    self._scalar += ch
+                    i += 1
+                    continue
+                if not self._end_scalar(out):
+                    break
+            i += 1
+            if ch not in _SPACE:
+                self._structure(ch, out)
+        return "".join(out)
+
+    def _structure(self, ch: str, out: list[str]) -> None:
+        expect = self._expect
+        if self._object_only and not self._stack and ch != "{":
+            self.broken = True
+        elif expect in ("value", "value_or_end"):
+            if ch in "{[":
+                self._stack.append(ch)
+                out.append(ch)
+                self._expect = "key_or_end" if ch == "{" else "value_or_end"
+            elif ch == '"':
+                self._string, self._is_key = True, False
+                out.append('"')
+            elif ch == "]" and expect == "value_or_end":
+                self._close(ch, out)
+            elif ch == "-" or ch.isalnum():
+                self._scalar = ch
+            else:
+                self.broken = True
+        elif expect in ("key", "key_or_end"):
             if ch == '"':
-                in_string = False
-                if not is_key:
-                    best = (i + 1, closing())
-                continue
-            if not is_key and not high_surrogate:
-                best = (i + 1, '"' + closing())
-            high_surrogate = False
-            continue
-        if in_scalar and (ch in ",}] \t\r\n"):
-            in_scalar = False
-            best = (i, closing())
-        if ch in "{[":
-            stack.append(ch)
-            expect_key = ch == "{"
-            best = (i + 1, closing())
-        elif ch in "}]":
-            if not stack or _CLOSERS[stack.pop()] != ch:
-                return None
-            best = (i + 1, closing())
-            if not stack:
-                return best
-            expect_key = False
-        elif ch == '"':
-            in_string, is_key, high_surrogate = True, expect_key and stack[-1] == "{", False
-        elif ch == ":":
-            expect_key = False
+                self._string, self._is_key = True, True
+                out.append('"')
+            elif ch == "}" and expect == "key_or_end":
+                self._close(ch, out)
+            else:
+                self.broken = True
+        elif expect == "colon":
+            if ch == ":":
+                out.append(": ")
+                self._expect = "value"
+            else:
+                self.broken = True
         elif ch == ",":
-            expect_key = stack[-1] == "{"
-        elif ch not in " \t\r\n":
-            in_scalar = True
-    return best
+            out.append(", ")
+            self._expect = "key" if self._stack[-1] == "{" else "value"
+        elif ch in "}]":
+            self._close(ch, out)
+        else:
+            self.broken = True
+
+    def _close(self, ch: str, out: list[str]) -> None:
+        if not self._stack or _CLOSER[self._stack[-1]] != ch:
+            self.broken = True
+            return
+        self._stack.pop()
+        out.append(ch)
+        self._after_value()
+
+    def _after_value(self) -> None:
+        if self._stack:
+            self._expect = "next"
+        else:
+            self.done = True
+
+    def _end_scalar(self, out: list[str]) -> bool:
+        """Write the number or literal just ended; False when it is none (then `broken`)."""
+        token, self._scalar = self._scalar, ""
+        try:
+            value = json.loads(token)
+        except ValueError:
+            self.broken = True
+            return False
+        out.append(json.dumps(value))
+        self._after_value()
+        return True
+
+    def _in_string(self, text: str, i: int, out: list[str]) -> int:
+        ch = text[i]
+        if self._escape:
+            self._escape += ch
+            escape = self._escape
+            if escape[1] == "u":
+                if len(escape) < 6:
+                    return i + 1
+                try:
+                    char = chr(int(escape[2:], 16))
+                except ValueError:
+                    self.broken = True
+                    return i + 1
+            elif escape[1] in _SHORT_ESCAPES:
+                char = _SHORT_ESCAPES[escape[1]]
+            else:
+                self.broken = True
+                return i + 1
+            self._escape = ""
+            self._char(char, out)
+            return i + 1
+        if ch == "\\":
+            self._escape = "\\"
+            return i + 1
+        self._flush_high(out)
+        if ch == '"':
+            self._string = False
+            out.append('"')
+            if self._is_key:
+                self._expect = "colon"
+            else:
+                self._after_value()
+            return i + 1
+        run = _RUN.match(text, i)
+        if run is None:  # a raw control character: strict JSON (and json.loads) refuses it
+            self.broken = True
+            return i + 1
+        out.append(run.group())
+        return run.end()
+
+    def _char(self, char: str, out: list[str]) -> None:
+        """A character read from an escape; a surrogate pair is written as one character."""
+        if self._high:
+            if "\udc00" <= char <= "\udfff":
+                pair = (self._high + char).encode("utf-16", "surrogatepass").decode("utf-16")
+                self._high = ""
+                out.append(_written(pair))
+                return
+            self._flush_high(out)
+        if "\ud800" <= char <= "\udbff":
+            self._high = char
+            return
+        out.append(_written(char))
+
+    def _flush_high(self, out: list[str]) -> None:
+        if self._high:
+            out.append(_written(self._high))
+            self._high = ""

@@ -29,10 +29,11 @@ from typing import Any, Protocol
 from rolltap.engine.tools import CLOSE, OPEN, ToolCall, parse_block, partial_suffix
 from rolltap.proxy.tokenin.callstream import (
     CallPart,
+    JsonEcho,
     Piece,
     StreamedCalls,
+    TagScanner,
     new_call_id,
-    settled_json,
 )
 
 
@@ -94,6 +95,7 @@ def _typed(value: str, schema: Any) -> Any:
 
 
 _FUNCTION = re.compile(r"<function=([^>]*)>")
+_FUNCTION_OPEN = "<function="
 _PARAMETER = "<parameter="
 
 
@@ -116,21 +118,75 @@ def _parameters(text: str, schemas: dict[str, Any]) -> tuple[list[tuple[str, Any
     return (found, rest) if _PARAMETER.startswith(rest[: len(_PARAMETER)]) else None
 
 
+_HEAD_LIMIT = 1024
+"""A call whose name is not known within this many characters is read whole at its end."""
+
+
 class _Qwen3CoderReader:
-    """`<function=NAME>` then parameters: the call opens at the name, and each parameter's
-    `"key": value` is settled once its `</parameter>` is written."""
+    """`<function=NAME>` then parameters: the call opens at the name with `{`, and each
+    parameter's `"key": value` is settled once its `</parameter>` is written."""
 
-    def __init__(self, tools: list[dict[str, Any]]) -> None:
-        self._types = _schema_types(tools)
+    def __init__(self, types: dict[str, dict[str, Any]]) -> None:
+        self._types = types
+        self._name: str | None = None
+        self._state = "head"
+        """head | between (parameters) | value | done | stuck (nothing more is sent)"""
+        self._text = ""
+        self._key = ""
+        self._value = TagScanner("</parameter>")
+        self._chunks: list[str] = []
+        self._count = 0
 
-    def head(self, body: str) -> tuple[str, str] | None:
-        match = _FUNCTION.match(body)
-        if match is None or not match.group(1).strip():
-            return None
-        name = match.group(1).strip()
-        read = _parameters(body[match.end() :], self._types.get(name, {}))
-        found = read[0] if read is not None else []
-        return name, "{" + ", ".join(f"{_json(k)}: {_json(v)}" for k, v in found)
+    def grow(self, text: str) -> tuple[str, str] | None:
+        more: list[str] = []
+        while text and self._state not in ("done", "stuck"):
+            if self._state == "value":
+                before, after = self._value.feed(text)
+                self._chunks.append(before)
+                if after is None:
+                    break
+                more.append(self._parameter())
+                text, self._state = after, "between"
+                continue
+            rest = (self._text + text).lstrip()
+            text, self._text = "", rest
+            if self._state == "head":
+                text = self._head(rest, more)
+            elif rest.startswith(_PARAMETER):
+                key, opened, after = rest[len(_PARAMETER) :].partition(">")
+                if opened:
+                    self._key, self._text, text = key.strip(), "", after
+                    self._value, self._chunks, self._state = TagScanner("</parameter>"), [], "value"
+            elif rest.startswith("</function>"):
+                more.append("}")
+                self._state = "done"
+            elif not (_PARAMETER.startswith(rest) or "</function>".startswith(rest)):
+                self._state = "stuck"
+        return None if self._name is None else (self._name, "".join(more))
+
+    def _head(self, rest: str, more: list[str]) -> str:
+        """Read the `<function=NAME>` head; what follows it."""
+        if not rest.startswith(_FUNCTION_OPEN):
+            if not _FUNCTION_OPEN.startswith(rest):
+                self._state = "stuck"
+            return ""
+        name, found, after = rest[len(_FUNCTION_OPEN) :].partition(">")
+        if not found:
+            if len(rest) > _HEAD_LIMIT:
+                self._state = "stuck"
+            return ""
+        if not name.strip():
+            self._state = "stuck"
+            return ""
+        self._name, self._text, self._state = name.strip(), "", "between"
+        more.append("{")
+        return after
+
+    def _parameter(self) -> str:
+        value = "".join(self._chunks).removeprefix("\n").removesuffix("\n")
+        typed = _typed(value, self._types.get(self._name or "", {}).get(self._key))
+        self._count += 1
+        return ("" if self._count == 1 else ", ") + f"{_json(self._key)}: {_json(typed)}"
 
     def parse(self, body: str) -> ToolCall | None:
         match = _FUNCTION.match(body)
@@ -149,7 +205,8 @@ def _json(value: Any) -> str:
 
 
 def _qwen3_coder(tools: list[dict[str, Any]]) -> ToolParser:
-    return StreamedCalls(OPEN, CLOSE, _Qwen3CoderReader(tools))
+    types = _schema_types(tools)
+    return StreamedCalls(OPEN, CLOSE, lambda: _Qwen3CoderReader(types))
 
 
 # -- hermes --------------------------------------------------------------------------------------
@@ -161,25 +218,38 @@ _HERMES_HEAD = re.compile(
 
 class _HermesReader:
     """`{"name": NAME, "arguments": {...}}`: the call opens once its arguments begin, which
-    then stream as the prefix of their JSON that is settled."""
+    then stream as json.dumps writes them (arguments given as a JSON string, which the format
+    allows, are sent whole at the end)."""
 
-    def head(self, body: str) -> tuple[str, str] | None:
-        match = _HERMES_HEAD.match(body)
-        if match is None:
-            return None
-        try:
-            name = json.loads('"' + match.group(1) + '"')
-        except ValueError:
-            return None
-        # Arguments given as a JSON string (the format allows it) are sent whole at the end.
-        return name, settled_json(body[match.end() :]) or ""
+    def __init__(self) -> None:
+        self._head = ""
+        self._name: str | None = None
+        self._arguments = JsonEcho(object_only=True)
+
+    def grow(self, text: str) -> tuple[str, str] | None:
+        if self._name is None:
+            self._head += text
+            head = self._head.lstrip()
+            match = _HERMES_HEAD.match(head)
+            if match is None:
+                if len(head) > _HEAD_LIMIT:
+                    self._arguments.broken = True
+                return None
+            try:
+                self._name = json.loads('"' + match.group(1) + '"')
+            except ValueError:
+                return None
+            text, self._head = head[match.end() :], ""
+        assert self._name is not None
+        echo = self._arguments
+        return self._name, "" if echo.broken or echo.done else echo.feed(text)
 
     def parse(self, body: str) -> ToolCall | None:
         return parse_block(body)
 
 
 def _hermes(tools: list[dict[str, Any]]) -> ToolParser:
-    return StreamedCalls(OPEN, CLOSE, _HermesReader())
+    return StreamedCalls(OPEN, CLOSE, _HermesReader)
 
 
 # -- llama3_json ---------------------------------------------------------------------------------

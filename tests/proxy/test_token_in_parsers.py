@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rolltap.proxy.tokenin.callstream import JsonEcho
 from rolltap.proxy.tokenin.parse import AnswerParser, Delta, parse_whole
 
 TOOLS: list[dict[str, Any]] = [
@@ -102,20 +103,21 @@ def test_a_malformed_call_is_content_verbatim(parser: str, text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("parser", "text", "opened"), [(*MALFORMED[0], 1), (*MALFORMED[1], 0), (*MALFORMED[2], 1)]
+    ("parser", "text", "sent"),
+    [(*MALFORMED[0], '{"city": '), (*MALFORMED[1], None), (*MALFORMED[2], "{")],
 )
 def test_a_call_that_breaks_after_its_name_went_out_stays_a_call(
-    parser: str, text: str, opened: int
+    parser: str, text: str, sent: str | None
 ) -> None:
     """Streamed, the name (and the arguments settled) went out before the break showed: they
     cannot be taken back, so the call ends with them, as vLLM's streaming parsers leave it; the
     block's text is not sent again as content. One that breaks before its name is content."""
     out = streamed(text, parser, 1)
-    if not opened:
+    if sent is None:
         assert (out.tool_calls, out.content) == ([], text)
         return
     (call,) = out.calls()
-    assert (call.name, call.arguments, out.content) == ("get_weather", "{", "")
+    assert (call.name, call.arguments, out.content) == ("get_weather", sent, "")
 
 
 @pytest.mark.parametrize(
@@ -182,3 +184,45 @@ def test_reasoning_is_split_off(
 ) -> None:
     out = streamed(text, "hermes", size, reasoning)
     assert (out.reasoning, out.content) == split
+
+
+ECHOED = [
+    {},
+    {"a": []},
+    {"city": "Paris", "days": 3, "metric": True, "none": None, "n": -0, "f": 1.50, "e": 1e5},
+    {"nested": {"x": [1, [2, {"y": "z"}], {}], "": ""}},
+    {"text": 'quote " backslash \\ slash / tab \t newline \n bell \x07 e\u0301 é 😀 \u2028'},
+]
+SPELLINGS = [
+    lambda v: json.dumps(v),
+    lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":")),
+    lambda v: json.dumps(v, indent=2).replace("/", "\\/"),
+]
+
+
+@pytest.mark.parametrize("value", ECHOED)
+@pytest.mark.parametrize("spell", SPELLINGS, ids=["ascii", "compact", "indented"])
+@pytest.mark.parametrize("size", [1, 3, 10_000])
+def test_json_arguments_stream_as_json_dumps_writes_them(value: Any, spell: Any, size: int) -> None:
+    """Whatever spelling the model writes (escaped or raw unicode, `\\/`, surrogate pairs,
+    any whitespace), the pieces add up to json.dumps of the value, and every piece is settled:
+    what was written so far is a prefix of it."""
+    text = spell(value)
+    echo = JsonEcho(object_only=True)
+    written = ""
+    final = json.dumps(json.loads(text), ensure_ascii=False)
+    for i in range(0, len(text), size):
+        written += echo.feed(text[i : i + size])
+        assert final.startswith(written)
+    assert (written, echo.done, echo.broken) == (final, True, False)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": tru}', '{"a" 1}', '{"a": [1,]}', '{"a": "x\ny"}', '["not an object"]', "{1: 2}"]
+)
+def test_json_that_cannot_be_json_stops_the_stream(text: str) -> None:
+    echo = JsonEcho(object_only=True)
+    written = "".join(echo.feed(ch) for ch in text)
+    assert echo.broken
+    assert not echo.done
+    assert len(written) < len(text)

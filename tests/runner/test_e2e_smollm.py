@@ -120,3 +120,57 @@ async def test_mini_swe_agent_token_in(
     reported = bridging.as_dict()
     assert reported["calls"] == len(calls)
     assert reported["bridge_break_rate"] in (None, 0.0)
+
+
+@pytest.fixture(scope="module")
+def long_engine() -> Iterator[EngineProcess]:
+    """Bounded answers and a context past SmolLM2's trained 8K: Codex's instructions and tools
+    alone are longer (the far positions degrade the text, not the plumbing under test)."""
+    args = ["--default-max-tokens", "96", "--max-model-len", "32768"]
+    with EngineProcess.start(extra_args=args) as engine:
+        yield engine
+
+
+async def test_codex_token_in(long_engine: EngineProcess, store: Store, tmp_path: Path) -> None:
+    """Codex, the real binary, on the real SmolLM2 engine in token-in mode: its Responses calls
+    are answered token-in (the proxy's Responses dialect over the engine's token-in route), the
+    rollout finishes, every call is recorded with its outcome and the batch reports
+    bridge_break_rate."""
+    harness = adapter("codex")
+    try:
+        installed = installation(harness)
+    except NotInstalled:
+        pytest.skip("codex is not installed: run `rolltap harness install codex`")
+    tasks = [t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file"]
+
+    async with provider_of("bwrap", tmp_path / "boxes") as provider:
+        result = await run_batch(
+            tasks,
+            harness=harness,
+            installed=installed,
+            sandbox=provider,
+            backends=[long_engine.url],
+            store=store,
+            max_steps=3,
+            max_calls=4,
+            timeout=300,
+            logs_root=tmp_path / "logs",
+            meta={"token_in": True},
+        )
+
+    (r,) = result.results
+    assert r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.BUDGET_EXCEEDED), (
+        r.error,
+        r.logs_dir,
+    )
+    calls = await store.calls(r.rollout_id)
+    assert calls, f"no call reached the proxy; see {r.logs_dir}"
+    assert {c.dialect.value for c in calls} == {"responses"}
+    assert all(c.capture is Capture.TOKENS for c in calls if c.status.value == "ok")
+    outcomes = [c.bridge for c in calls]
+    assert None not in outcomes, outcomes  # every call was decided token-in
+    assert outcomes[0] == "first_turn"
+    bridging = await store.bridging(batch_id=result.batch_id)
+    assert bridging is not None
+    assert bridging.outcomes == {o: outcomes.count(o) for o in set(outcomes)}
+    assert bridging.as_dict()["calls"] == len(calls)

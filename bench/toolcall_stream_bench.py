@@ -4,8 +4,8 @@
 
 A call writing a file of each size (KB of Python source with quotes, backslashes and non-ASCII)
 is pushed through the token-in answer parser (proxy/tokenin/parse.py) `--piece` characters at a
-time, as an engine's stream delivers it, for each tool-call parser that streams arguments
-(hermes, qwen3_coder); the whole answer parsed at once is the floor. Printed: milliseconds per
+time, as an engine's stream delivers it, for each tool-call parser; the whole answer parsed at
+once is the floor. Printed: milliseconds per
 call and microseconds per KB. Linear cost shows as a flat us/KB column across sizes; the first
 version re-read the whole call on every push (6.6 s for a 10 KB hermes call).
 """
@@ -23,9 +23,14 @@ LINE = 'def f(x):  # "quoted" \\ é\n    return x * 2\n'
 
 def answer(parser: str, kb: int) -> str:
     content = LINE * (kb * 1024 // len(LINE.encode()))
+    arguments = {"path": "a.py", "content": content}
     if parser == "hermes":
-        call = {"name": "write", "arguments": {"path": "a.py", "content": content}}
+        call = {"name": "write", "arguments": arguments}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    if parser == "llama3_json":
+        return json.dumps({"name": "write", "parameters": arguments})
+    if parser == "mistral":
+        return f"[TOOL_CALLS]write[ARGS]{json.dumps(arguments)}"
     return (
         "<tool_call>\n<function=write>\n<parameter=path>\na.py\n</parameter>\n"
         f"<parameter=content>\n{content}\n</parameter>\n</function>\n</tool_call>"
@@ -54,7 +59,7 @@ def main() -> None:
     args.add_argument("--repeat", type=int, default=5)
     opts = args.parse_args()
     print(f"{'parser':<12} {'KB':>5} {'streamed ms':>12} {'us/KB':>8} {'whole ms':>9}")
-    for parser in ("hermes", "qwen3_coder"):
+    for parser in ("hermes", "qwen3_coder", "llama3_json", "mistral"):
         for kb in opts.sizes:
             text = answer(parser, kb)
             best = min(streamed(parser, text, opts.piece) for _ in range(opts.repeat))

@@ -223,6 +223,8 @@ class JsonEcho:
         self._scalar = ""
         self.done = False
         self.broken = False
+        self.rest = ""
+        """Once `done`: the text fed after the value, unread."""
 
     def feed(self, text: str) -> str:
         out: list[str] = []
@@ -242,6 +244,8 @@ class JsonEcho:
             i += 1
             if ch not in _SPACE:
                 self._structure(ch, out)
+        if self.done:
+            self.rest = text[i:]
         return "".join(out)
 
     def _structure(self, ch: str, out: list[str]) -> None:
@@ -368,3 +372,116 @@ class JsonEcho:
         if self._high:
             out.append(_written(self._high))
             self._high = ""
+
+
+# -- calls written one after another, with no tags around them -----------------------------------
+
+
+class CallSequence:
+    """Calls written back to back as `HEAD{arguments}CLOSER`, separated by one of
+    `separators`, optionally inside `opening` ... `ending` (llama3_json: JSON objects joined by
+    `;`; mistral: a JSON list, or `NAME[ARGS]{...}` joined by `[TOOL_CALLS]`), streamed as the
+    tagged blocks are: each call opens at its name, its arguments follow as settled. Where the
+    text stops being such a sequence nothing more is sent; `settle` reconciles with the calls
+    the whole text turns out to hold."""
+
+    def __init__(
+        self,
+        head: re.Pattern[str],
+        *,
+        json_name: bool,
+        closer: str,
+        separators: tuple[str, ...],
+        opening: str = "",
+        ending: str = "",
+        new_id: Callable[[], str] = new_call_id,
+    ) -> None:
+        """`head`: matches what precedes the arguments, its group 1 the name (a JSON string's
+        inside when `json_name`)."""
+        self._head, self._json_name, self._closer = head, json_name, closer
+        self._separators, self._opening, self._ending = separators, opening, ending
+        self._new_id = new_id
+        self._state = "opening" if opening else "between"
+        self._buffer = ""
+        self._arguments = JsonEcho(object_only=True)
+        self._sent: list[list[str]] = []
+        """The arguments sent of each call opened, in pieces."""
+
+    @property
+    def opened(self) -> int:
+        return len(self._sent)
+
+    def push(self, text: str) -> list[CallPart]:
+        out: list[CallPart] = []
+        while text and self._state not in ("stuck", "done"):
+            if self._state == "args":
+                more = self._arguments.feed(text)
+                if more:
+                    self._sent[-1].append(more)
+                    out.append(CallPart(more))
+                if self._arguments.broken:
+                    self._state = "stuck"
+                if not self._arguments.done:
+                    break
+                text, self._state = self._arguments.rest, "closer" if self._closer else "between"
+                continue
+            self._buffer += text
+            text = ""
+            if self._state == "head":
+                text = self._read_head(out)
+                continue
+            rest = self._buffer.lstrip()
+            expected = {
+                "opening": (self._opening,),
+                "closer": (self._closer,),
+                "between": self._separators,
+            }[self._state]
+            found = next((t for t in expected if rest.startswith(t)), None)
+            if self._state == "between" and self._ending and rest.startswith(self._ending):
+                self._state = "done"
+            elif found is not None:
+                self._buffer, text = "", rest[len(found) :]
+                self._state = "between" if self._state != "between" else "head"
+            elif not rest or any(t.startswith(rest) for t in expected):
+                self._buffer = rest  # not yet told apart
+            elif self._state == "between" and not self.opened:
+                self._buffer, text, self._state = "", rest, "head"  # the first call: no separator
+            else:
+                self._state = "stuck"
+        return out
+
+    def _read_head(self, out: list[CallPart]) -> str:
+        head = self._buffer.lstrip()
+        match = self._head.match(head)
+        if match is None:
+            if len(head) > 1024:
+                self._state = "stuck"
+            return ""
+        name = match.group(1)
+        if self._json_name:
+            try:
+                name = json.loads('"' + name + '"')
+            except ValueError:
+                self._state = "stuck"
+                return ""
+        self._buffer, self._state = "", "args"
+        self._arguments = JsonEcho(object_only=True)
+        self._sent.append([])
+        out.append(CallPart("", self._new_id(), name.strip()))
+        return head[match.end() :]
+
+    def settle(self, calls: list[ToolCall] | None) -> list[CallPart]:
+        """What is left to send once the whole text reads as `calls` (None: malformed)."""
+        if calls is None:
+            return []  # the calls opened end with what was sent
+        out: list[CallPart] = []
+        for k, call in enumerate(calls):
+            if k >= len(self._sent):
+                out.append(CallPart(call.arguments, self._new_id(), call.name))
+                continue
+            # Only the call opened last can still take more: more goes to the latest call.
+            sent = "".join(self._sent[k])
+            rest = call.arguments[len(sent) :]
+            if k == len(self._sent) - 1 and call.arguments.startswith(sent) and rest:
+                out.append(CallPart(rest))
+        return out

@@ -103,12 +103,16 @@ class AnswerParser:
         reasoning: str | None,
         tools: str | None,
         tool_specs: list[dict[str, Any]] | None = None,
+        *,
+        stream: bool = True,
     ) -> None:
-        """`tools`: the tool-call parser, or None when the request offers no tools."""
+        """`tools`: the tool-call parser, or None when the request offers no tools. `stream`:
+        the answer is streamed, so calls are sent as they are written; else each is read whole
+        (the same calls, but a call that turns out malformed is content)."""
         self._reasoning = None if reasoning is None else REASONING_PARSERS[reasoning]()
         self._tools: ToolParser | None = None
         if tools is not None:
-            self._tools = TOOL_PARSERS[tools](tool_specs or [])
+            self._tools = TOOL_PARSERS[tools](tool_specs or [], stream)
         self.calls = 0
 
     def push(self, text: str) -> Delta:
@@ -152,7 +156,7 @@ def _numbered(part: CallPart, index: int) -> CallDelta:
 def parse_whole(
     text: str, reasoning: str | None, tools: str | None, tool_specs: list[dict[str, Any]] | None
 ) -> Delta:
-    parser = AnswerParser(reasoning, tools, tool_specs)
+    parser = AnswerParser(reasoning, tools, tool_specs, stream=False)
     out = parser.push(text)
     out.add(parser.finish())
     return out

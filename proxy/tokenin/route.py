@@ -50,7 +50,9 @@ class TokenInRoute:
         tools: list[dict[str, Any]] | None,
     ) -> None:
         self.prompt_ids = prompt_ids
-        self._parser = AnswerParser(reasoning, tool_parser, tools)
+        self._parsing = (reasoning, tool_parser, tools)
+        self._parser = AnswerParser(reasoning, tool_parser, tools, stream=False)
+        """Replaced by `prepare` once it is known whether the answer streams."""
         self._kind = EngineKind.VLLM
         self._head: dict[str, Any] | None = None
         self._seen_ids = 0
@@ -65,6 +67,7 @@ class TokenInRoute:
         asked_logprobs = self._asked_logprobs = chat.get("logprobs") is True
         self._top = int(chat.get("top_logprobs") or 0) if asked_logprobs else 0
         stream = chat.get("stream") is True
+        self._parser = AnswerParser(*self._parsing, stream=stream)
         options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
         asked_usage = bool(options.get("include_usage")) if options else False
         extras = Extras(

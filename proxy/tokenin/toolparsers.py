@@ -1,10 +1,9 @@
 """Tool-call parsers for generated text, by vLLM's `--tool-call-parser` names.
 
 Each takes the request's tools (qwen3_coder needs the parameter types) and splits text pushed
-piece by piece into content strings and calls (`CallPart`s), in order. hermes and qwen3_coder
-stream a call as it is written, its name first and then its arguments in fragments, as vLLM's
-parsers for them do (callstream.py); llama3_json and mistral give each call whole once the
-answer ends. Text that looks like a call but does not parse is handed back as content,
+piece by piece into content strings and calls (`CallPart`s), in order. Streamed, a call is
+sent as it is written, its name first and then its arguments in fragments, as vLLM's parsers
+do (callstream.py). Text that looks like a call but does not parse is handed back as content,
 verbatim, as vLLM leaves it (a streamed call that breaks after its name went out excepted):
 
 - hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes 2 Pro, Qwen2.5,
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 from rolltap.engine.tools import CLOSE, OPEN, ToolCall, parse_block, partial_suffix
 from rolltap.proxy.tokenin.callstream import (
     CallPart,
+    CallSequence,
     JsonEcho,
     Piece,
     StreamedCalls,
@@ -204,14 +204,14 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _qwen3_coder(tools: list[dict[str, Any]]) -> ToolParser:
+def _qwen3_coder(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
     types = _schema_types(tools)
     return StreamedCalls(OPEN, CLOSE, lambda: _Qwen3CoderReader(types))
 
 
 # -- hermes --------------------------------------------------------------------------------------
 
-_HERMES_HEAD = re.compile(
+_JSON_HEAD = re.compile(
     r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
 )
 
@@ -230,7 +230,7 @@ class _HermesReader:
         if self._name is None:
             self._head += text
             head = self._head.lstrip()
-            match = _HERMES_HEAD.match(head)
+            match = _JSON_HEAD.match(head)
             if match is None:
                 if len(head) > _HEAD_LIMIT:
                     self._arguments.broken = True
@@ -248,7 +248,7 @@ class _HermesReader:
         return parse_block(body)
 
 
-def _hermes(tools: list[dict[str, Any]]) -> ToolParser:
+def _hermes(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
     return StreamedCalls(OPEN, CLOSE, _HermesReader)
 
 
@@ -258,33 +258,38 @@ _PYTHON_TAG = "<|python_tag|>"
 
 
 class _Llama3Json:
-    """An answer that opens with `{` (or the python tag) is held whole and read as calls at the
-    end; any other answer is content as it arrives."""
+    """An answer that opens with `{` (or the python tag) is calls, any other is content as it
+    arrives. Calls are read whole at the end; streamed (`stream`), each also opens at its name
+    and streams its arguments, as vLLM's llama3_json parser does."""
 
-    def __init__(self) -> None:
-        self._buffer = ""
+    def __init__(self, stream: bool) -> None:
+        self._parts: list[str] = []
         self._mode: str | None = None  # None: undecided; "content"; "calls"
+        self._calls = CallSequence(_JSON_HEAD, json_name=True, closer="}", separators=(";",))
+        self._stream = stream
 
     def push(self, text: str) -> list[Piece]:
         if self._mode == "content":
             return [text] if text else []
-        self._buffer += text
-        if self._mode == "calls":
-            return []
-        head = self._buffer.lstrip()
-        if not head or _PYTHON_TAG.startswith(head):
-            return []
-        self._mode = "calls" if head.startswith(("{", _PYTHON_TAG)) else "content"
-        if self._mode == "calls":
-            return []
-        out, self._buffer = self._buffer, ""
-        return [out]
+        self._parts.append(text)
+        if self._mode is None:
+            head = "".join(self._parts).lstrip()
+            if not head or _PYTHON_TAG.startswith(head):
+                return []
+            self._mode = "calls" if head.startswith(("{", _PYTHON_TAG)) else "content"
+            if self._mode == "content":
+                out, self._parts = "".join(self._parts), []
+                return [out]
+            text = head.removeprefix(_PYTHON_TAG)
+        return list(self._calls.push(text)) if self._stream else []
 
     def finish(self) -> list[Piece]:
-        text, self._buffer = self._buffer, ""
+        text, self._parts = "".join(self._parts), []
         if self._mode != "calls":
             return [text] if text else []
         calls = _llama3_calls(text.strip().removeprefix(_PYTHON_TAG))
+        if self._calls.opened:
+            return list(self._calls.settle(calls))
         return [CallPart.whole(c) for c in calls] if calls else [text]
 
 
@@ -311,8 +316,8 @@ def _llama3_calls(text: str) -> list[ToolCall] | None:
     return calls or None
 
 
-def _llama3_json(tools: list[dict[str, Any]]) -> ToolParser:
-    return _Llama3Json()
+def _llama3_json(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
+    return _Llama3Json(stream)
 
 
 # -- mistral -------------------------------------------------------------------------------------
@@ -327,31 +332,63 @@ def _mistral_id() -> str:
     return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
 
 
-class _Mistral:
-    """Content up to `[TOOL_CALLS]`; from there to the end, calls read at the end."""
+_V11_HEAD = re.compile(r"([^\[\]{}]+?)\[ARGS\]")
+"""Mistral's tokenizer v11 and later: `NAME[ARGS]` before each call's arguments."""
 
-    def __init__(self) -> None:
+
+class _Mistral:
+    """Content up to `[TOOL_CALLS]`; from there to the end, calls read at the end. Streamed
+    (`stream`), each also opens at its name and streams its arguments, in either format."""
+
+    def __init__(self, stream: bool) -> None:
         self._buffer = ""
-        self._calls = False
+        self._parts: list[str] | None = None
+        """The text after `[TOOL_CALLS]`; None before it."""
+        self._stream = stream
+        self._sequence: CallSequence | None = None
 
     def push(self, text: str) -> list[Piece]:
+        if self._parts is not None:
+            self._parts.append(text)
+            return self._stream_calls(text)
         self._buffer += text
-        if self._calls:
-            return []
         at = self._buffer.find(_TOOL_CALLS)
         if at >= 0:
-            out, self._buffer = self._buffer[:at], self._buffer[at + len(_TOOL_CALLS) :]
-            self._calls = True
-            return [out] if out else []
+            out, rest = self._buffer[:at], self._buffer[at + len(_TOOL_CALLS) :]
+            self._buffer, self._parts = "", [rest]
+            return ([out] if out else []) + self._stream_calls(rest)
         cut = len(self._buffer) - partial_suffix(self._buffer, _TOOL_CALLS)
         out, self._buffer = self._buffer[:cut], self._buffer[cut:]
         return [out] if out else []
 
+    def _stream_calls(self, text: str) -> list[Piece]:
+        if not self._stream:
+            return []
+        if self._sequence is None:
+            begun = "".join(self._parts or ()).lstrip()
+            if not begun:
+                return []
+            if begun.startswith("["):  # a JSON list, before tokenizer v11
+                self._sequence = CallSequence(
+                    _JSON_HEAD, json_name=True, closer="}", separators=(",",), opening="[",
+                    ending="]", new_id=_mistral_id,
+                )  # fmt: skip
+            else:
+                self._sequence = CallSequence(
+                    _V11_HEAD, json_name=False, closer="", separators=(_TOOL_CALLS,),
+                    new_id=_mistral_id,
+                )  # fmt: skip
+            text = begun
+        return list(self._sequence.push(text))
+
     def finish(self) -> list[Piece]:
-        text, self._buffer = self._buffer, ""
-        if not self._calls:
+        if self._parts is None:
+            text, self._buffer = self._buffer, ""
             return [text] if text else []
+        text, self._parts = "".join(self._parts), None
         calls = _mistral_calls(text)
+        if self._sequence is not None and self._sequence.opened:
+            return list(self._sequence.settle(calls))
         return [CallPart.whole(c) for c in calls] if calls else [_TOOL_CALLS + text]
 
 
@@ -394,11 +431,11 @@ def _mistral_calls(text: str) -> list[ToolCall] | None:
     return calls or None
 
 
-def _mistral(tools: list[dict[str, Any]]) -> ToolParser:
-    return _Mistral()
+def _mistral(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
+    return _Mistral(stream)
 
 
-TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]]], ToolParser]] = {
+TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]], bool], ToolParser]] = {
     "hermes": _hermes,
     "qwen3_coder": _qwen3_coder,
     "llama3_json": _llama3_json,

@@ -15,6 +15,7 @@ from rolltap.store import CallDialect, CallStatus, Store
 from rolltap.store.steps import TurnKind
 from tests.support.fake_vllm import FakeVLLM, Reply, encode
 from tests.support.proxy import OpenAIFactory, fake_engine, running_proxy
+from tests.support.waiting import until
 
 ANSWER = "the quick brown fox jumps over the lazy dog, again and again"
 MESSAGES = [{"role": "user", "content": "tell me about the fox"}]
@@ -31,18 +32,10 @@ async def _post(session: aiohttp.ClientSession, url: str, body: Any) -> Any:
         return data
 
 
-async def _until(condition: Any, timeout: float = 20.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail("condition never held")
-
-
 async def _update_mid_answer(proxy_url: str, fake: FakeVLLM, version: str) -> dict[str, Any]:
     """Wait until the engine is some tokens into the answer, then begin and commit an
     abort_resume update; returns what begin answered."""
-    await _until(lambda: len(fake.requests) == 1)
+    await until(lambda: len(fake.requests) == 1)
     await asyncio.sleep(0.2)  # a few tokens sampled, most still to come
     async with aiohttp.ClientSession() as session:
         began = await _post(
@@ -191,7 +184,7 @@ async def test_calls_dispatched_during_the_update_wait_and_are_not_aborted(
         async with aiohttp.ClientSession() as session:
             await _post(session, f"{proxy.url}/v1/weights/begin", {"mode": "abort_resume"})
             held = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
-            await _until(lambda: proxy.ctx.gate.waiting == 1)
+            await until(lambda: proxy.ctx.gate.waiting == 1)
             await _post(session, f"{proxy.url}/v1/weights/commit", {"version": "2"})
         answer = await held
 
@@ -211,7 +204,7 @@ async def test_an_abort_outside_an_update_reaches_the_client_as_it_is(
         created = await store.create_rollout()
         client = sdk(f"{proxy.url}/r/{created.key}/v1", max_retries=0)
         asking = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
-        await _until(lambda: len(fake.requests) == 1)
+        await until(lambda: len(fake.requests) == 1)
         await asyncio.sleep(0.2)
         async with aiohttp.ClientSession() as session:
             await _post(session, f"{engine.url}/abort_requests", {})

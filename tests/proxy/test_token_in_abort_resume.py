@@ -20,6 +20,8 @@ from rolltap.store import CallStatus, Store
 from rolltap.store.steps import TurnKind
 from tests.support.fake_vllm import FakeVLLM, Reply, decode, encode, generated
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
+from tests.support.streams import add_call_deltas
+from tests.support.waiting import until
 
 COMMAND = "echo the quick brown fox jumps over the lazy dog && ls -la /tmp"
 ANSWER = Reply(
@@ -44,14 +46,6 @@ CUT_AT = 40
 async def _post(session: aiohttp.ClientSession, url: str, body: Any) -> None:
     async with session.post(url, json=body) as resp:
         assert resp.status == 200, await resp.text()
-
-
-async def _until(condition: Any, timeout: float = 20.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail("condition never held")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -86,7 +80,7 @@ async def test_a_token_in_tool_call_cut_by_an_update_reaches_the_client_whole(
                 reasoning = str(getattr(message, "reasoning", None) or "")
                 return message.content or "", reasoning, calls, answer.choices[0].finish_reason
             content, reasoning, finishes = "", "", []
-            calls: dict[int, list[str]] = {}
+            opened: list[dict[str, Any]] = []
             chunks = await client.chat.completions.create(
                 model="m", messages=messages, tools=TOOLS, stream=True
             )
@@ -94,20 +88,15 @@ async def test_a_token_in_tool_call_cut_by_an_update_reaches_the_client_whole(
                 for choice in chunk.choices:
                     content += choice.delta.content or ""
                     reasoning += str(getattr(choice.delta, "reasoning", None) or "")
-                    for call in choice.delta.tool_calls or ():
-                        name, arguments = calls.setdefault(call.index, ["", ""])
-                        function = call.function
-                        calls[call.index] = [
-                            name + ((function.name or "") if function else ""),
-                            arguments + ((function.arguments or "") if function else ""),
-                        ]
+                    add_call_deltas(opened, choice.delta.tool_calls or ())
                     if choice.finish_reason:
                         finishes.append(choice.finish_reason)
             assert len(finishes) == 1
-            return content, reasoning, [(n, a) for n, a in calls.values()], finishes[0]
+            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in opened]
+            return content, reasoning, calls, finishes[0]
 
         asking = asyncio.create_task(ask())
-        await _until(lambda: fake.completion_sampled >= CUT_AT)
+        await until(lambda: fake.completion_sampled >= CUT_AT)
         async with aiohttp.ClientSession() as session:
             await _post(session, f"{proxy.url}/v1/weights/begin", {"mode": "abort_resume"})
             await _post(session, f"{proxy.url}/v1/weights/commit", {"version": "2"})

@@ -17,6 +17,7 @@ from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
 from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, generated, render
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
+from tests.support.streams import add_call_deltas
 
 TOOLS = [
     {
@@ -52,11 +53,7 @@ async def _converse(
             async for chunk in await client.chat.completions.create(**params, stream=True):
                 for choice in chunk.choices:
                     text += choice.delta.content or ""
-                    for call in choice.delta.tool_calls or ():
-                        if call.id is not None:
-                            fn = {"name": call.function.name, "arguments": ""}
-                            calls.append({"id": call.id, "type": "function", "function": fn})
-                        calls[call.index]["function"]["arguments"] += call.function.arguments or ""
+                    add_call_deltas(calls, choice.delta.tool_calls or ())
         else:
             answer = await client.chat.completions.create(**params)
             message = answer.choices[0].message

@@ -29,6 +29,7 @@ from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
 from tests.support.chats import QWEN3_STYLE
 from tests.support.proxy import new_rollout, running_proxy
+from tests.support.streams import add_call_deltas
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -170,14 +171,7 @@ async def chat_conversation(
                 async for chunk in await client.chat.completions.create(**params, stream=True):
                     delta = chunk.choices[0].delta if chunk.choices else None
                     text += (delta.content or "") if delta else ""
-                    # A call opens with its id and name; its arguments may come in fragments.
-                    for call in (delta.tool_calls or []) if delta else []:
-                        assert call.function is not None
-                        if call.id is not None:
-                            assert call.index == len(calls)
-                            function = {"name": call.function.name, "arguments": ""}
-                            calls.append({"id": call.id, "type": "function", "function": function})
-                        calls[call.index]["function"]["arguments"] += call.function.arguments or ""
+                    add_call_deltas(calls, (delta.tool_calls or []) if delta else [])
             else:
                 reply = await client.chat.completions.create(**params)
                 message = reply.choices[0].message

@@ -13,6 +13,7 @@ import pytest
 from rolltap.store import Store
 from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, generated, logprob_of
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
+from tests.support.streams import add_call_deltas
 
 TOOLS = [
     {
@@ -56,20 +57,14 @@ async def test_token_in_on_sglang_goes_to_generate(
             "logprobs": True,
         }
         if stream:
-            text, calls, finish, entries = "", {}, None, []
+            text, calls, finish, entries = "", [], None, []
             async for chunk in await client.chat.completions.create(**params, stream=True):
                 for choice in chunk.choices:
                     text += choice.delta.content or ""
-                    for call in choice.delta.tool_calls or ():
-                        name, arguments = calls.get(call.index, ("", ""))
-                        function = call.function
-                        calls[call.index] = (
-                            name + (function.name or "" if function else ""),
-                            arguments + (function.arguments or "" if function else ""),
-                        )
+                    add_call_deltas(calls, choice.delta.tool_calls or ())
                     entries += choice.logprobs.content if choice.logprobs else []
                     finish = choice.finish_reason or finish
-            got = [(n, json.loads(a)) for n, a in calls.values()]
+            got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
         else:
             answer = await client.chat.completions.create(**params)
             message = answer.choices[0].message

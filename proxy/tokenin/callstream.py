@@ -102,8 +102,18 @@ class StreamedCalls:
     """Content and calls, in order, from text pushed piece by piece; calls in `open_tag` ...
     `close_tag` blocks, each read by a reader of its own from `new_reader`."""
 
-    def __init__(self, open_tag: str, close_tag: str, new_reader: Callable[[], CallReader]) -> None:
+    def __init__(
+        self,
+        open_tag: str,
+        close_tag: str,
+        new_reader: Callable[[], CallReader],
+        *,
+        stream: bool = True,
+    ) -> None:
+        """`stream`: send calls as they are written; else each block is read whole once it
+        closes (or the answer ends), so a malformed one, even unclosed, is content."""
         self._open_tag, self._close_tag, self._new_reader = open_tag, close_tag, new_reader
+        self._stream = stream
         self._buffer = ""
         """Outside a block: a tail that could still become the opening tag."""
         self._block: _Block | None = None
@@ -150,7 +160,8 @@ class StreamedCalls:
         before, after = block.close.feed(text)
         block.parts.append(before)
         if after is None:
-            pieces += self._grow(block, before)
+            if self._stream:
+                pieces += self._grow(block, before)
             return None
         self._block = None
         pieces += self._close(block, "".join(block.parts), closed=True)

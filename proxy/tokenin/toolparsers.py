@@ -206,7 +206,7 @@ def _json(value: Any) -> str:
 
 def _qwen3_coder(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
     types = _schema_types(tools)
-    return StreamedCalls(OPEN, CLOSE, lambda: _Qwen3CoderReader(types))
+    return StreamedCalls(OPEN, CLOSE, lambda: _Qwen3CoderReader(types), stream=stream)
 
 
 # -- hermes --------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class _HermesReader:
 
 
 def _hermes(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
-    return StreamedCalls(OPEN, CLOSE, _HermesReader)
+    return StreamedCalls(OPEN, CLOSE, _HermesReader, stream=stream)
 
 
 # -- llama3_json ---------------------------------------------------------------------------------

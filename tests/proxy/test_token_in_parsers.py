@@ -67,6 +67,9 @@ MALFORMED = [
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</tool_call>"),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Par'),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci'),
+    # Cut at the token limit inside the call: no closing tag.
+    ("hermes", 'On it.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"),
 ]
 
 

@@ -45,6 +45,11 @@ class CallPart:
 Piece = str | CallPart
 
 
+HEAD_LIMIT = 1024
+"""A call whose name is not known within this many characters is not streamed: it is read
+whole at its end."""
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -114,8 +119,7 @@ class StreamedCalls:
         closes (or the answer ends), so a malformed one, even unclosed, is content."""
         self._open_tag, self._close_tag, self._new_reader = open_tag, close_tag, new_reader
         self._stream = stream
-        self._buffer = ""
-        """Outside a block: a tail that could still become the opening tag."""
+        self._opening = TagScanner(open_tag)
         self._block: _Block | None = None
 
     def push(self, text: str) -> list[Piece]:
@@ -134,25 +138,18 @@ class StreamedCalls:
         block, self._block = self._block, None
         if block is not None:
             pieces += self._close(block, "".join(block.parts) + block.close.held(), closed=False)
-        elif self._buffer:
-            pieces.append(self._buffer)
-        self._buffer = ""
+        elif self._opening.held():
+            pieces.append(self._opening.held())
+        self._opening = TagScanner(self._open_tag)
         return pieces
 
     def _outside(self, text: str, pieces: list[Piece]) -> str | None:
-        buffer = self._buffer + text
-        start = buffer.find(self._open_tag)
-        if start < 0:
-            cut = len(buffer) - partial_suffix(buffer, self._open_tag)
-            if cut:
-                pieces.append(buffer[:cut])
-            self._buffer = buffer[cut:]
-            return None
-        if start:
-            pieces.append(buffer[:start])
-        self._buffer = ""
-        self._block = _Block(self._new_reader(), TagScanner(self._close_tag))
-        return buffer[start + len(self._open_tag) :]
+        before, after = self._opening.feed(text)
+        if before:
+            pieces.append(before)
+        if after is not None:
+            self._block = _Block(self._new_reader(), TagScanner(self._close_tag))
+        return after
 
     def _inside(self, text: str, pieces: list[Piece]) -> str | None:
         block = self._block
@@ -204,8 +201,9 @@ class StreamedCalls:
 _RUN = re.compile(r'[^"\\\x00-\x1f]+')
 _SPACE = frozenset(" \t\r\n")
 _SCALAR_END = frozenset(",}] \t\r\n")
-_SHORT_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r"}
-_SHORT_ESCAPES["t"] = "\t"
+_SHORT_ESCAPES = {
+    '"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+}  # fmt: skip
 _CLOSER = {"{": "}", "[": "]"}
 
 
@@ -465,7 +463,7 @@ class CallSequence:
         head = self._buffer.lstrip()
         match = self._head.match(head)
         if match is None:
-            if len(head) > 1024:
+            if len(head) > HEAD_LIMIT:
                 self._state = "stuck"
             return ""
         name = match.group(1)

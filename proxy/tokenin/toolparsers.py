@@ -25,8 +25,9 @@ import string
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from rolltap.engine.tools import CLOSE, OPEN, ToolCall, parse_block, partial_suffix
+from rolltap.engine.tools import CLOSE, OPEN, ToolCall, parse_block
 from rolltap.proxy.tokenin.callstream import (
+    HEAD_LIMIT,
     CallPart,
     CallSequence,
     JsonEcho,
@@ -94,37 +95,15 @@ def _typed(value: str, schema: Any) -> Any:
         return value
 
 
-_FUNCTION = re.compile(r"<function=([^>]*)>")
 _FUNCTION_OPEN = "<function="
+_FUNCTION_CLOSE = "</function>"
 _PARAMETER = "<parameter="
 
 
-def _parameters(text: str, schemas: dict[str, Any]) -> tuple[list[tuple[str, Any]], str] | None:
-    """The whole `<parameter=KEY>VALUE</parameter>` elements at the start of `text`, typed, and
-    what follows them; None when what follows cannot begin another one."""
-    found: list[tuple[str, Any]] = []
-    rest = text.strip()
-    while rest.startswith(_PARAMETER):
-        key, opened, after = rest[len(_PARAMETER) :].partition(">")
-        value, closed, after = after.partition("</parameter>")
-        if not (opened and closed):
-            return found, rest
-        if not key.strip():
-            return None
-        # The template writes each value between newlines; those are not the value.
-        value = value.removeprefix("\n").removesuffix("\n")
-        found.append((key.strip(), _typed(value, schemas.get(key.strip()))))
-        rest = after.strip()
-    return (found, rest) if _PARAMETER.startswith(rest[: len(_PARAMETER)]) else None
-
-
-_HEAD_LIMIT = 1024
-"""A call whose name is not known within this many characters is read whole at its end."""
-
-
 class _Qwen3CoderReader:
-    """`<function=NAME>` then parameters: the call opens at the name with `{`, and each
-    parameter's `"key": value` is settled once its `</parameter>` is written."""
+    """`<function=NAME>` then parameters, read as they are written: the call opens at the name
+    with `{`, and each parameter's `"key": value` is settled once its `</parameter>` is. A whole
+    block is read by the same steps (`parse`), so both read the format alike."""
 
     def __init__(self, types: dict[str, dict[str, Any]]) -> None:
         self._types = types
@@ -132,10 +111,11 @@ class _Qwen3CoderReader:
         self._state = "head"
         """head | between (parameters) | value | done | stuck (nothing more is sent)"""
         self._text = ""
+        """Unread text of the head or between parameters (once done: what followed)."""
         self._key = ""
         self._value = TagScanner("</parameter>")
         self._chunks: list[str] = []
-        self._count = 0
+        self._found: list[tuple[str, Any]] = []
 
     def grow(self, text: str) -> tuple[str, str] | None:
         more: list[str] = []
@@ -154,13 +134,15 @@ class _Qwen3CoderReader:
                 text = self._head(rest, more)
             elif rest.startswith(_PARAMETER):
                 key, opened, after = rest[len(_PARAMETER) :].partition(">")
-                if opened:
+                if opened and not key.strip():
+                    self._state = "stuck"
+                elif opened:
                     self._key, self._text, text = key.strip(), "", after
                     self._value, self._chunks, self._state = TagScanner("</parameter>"), [], "value"
-            elif rest.startswith("</function>"):
+            elif rest.startswith(_FUNCTION_CLOSE):
                 more.append("}")
-                self._state = "done"
-            elif not (_PARAMETER.startswith(rest) or "</function>".startswith(rest)):
+                self._text, self._state = rest[len(_FUNCTION_CLOSE) :], "done"
+            elif not (_PARAMETER.startswith(rest) or _FUNCTION_CLOSE.startswith(rest)):
                 self._state = "stuck"
         return None if self._name is None else (self._name, "".join(more))
 
@@ -172,7 +154,7 @@ class _Qwen3CoderReader:
             return ""
         name, found, after = rest[len(_FUNCTION_OPEN) :].partition(">")
         if not found:
-            if len(rest) > _HEAD_LIMIT:
+            if len(rest) > HEAD_LIMIT:
                 self._state = "stuck"
             return ""
         if not name.strip():
@@ -183,21 +165,19 @@ class _Qwen3CoderReader:
         return after
 
     def _parameter(self) -> str:
+        # The template writes each value between newlines; those are not the value.
         value = "".join(self._chunks).removeprefix("\n").removesuffix("\n")
         typed = _typed(value, self._types.get(self._name or "", {}).get(self._key))
-        self._count += 1
-        return ("" if self._count == 1 else ", ") + f"{_json(self._key)}: {_json(typed)}"
+        self._found.append((self._key, typed))
+        comma = ", " if len(self._found) > 1 else ""
+        return f"{comma}{_json(self._key)}: {_json(typed)}"
 
     def parse(self, body: str) -> ToolCall | None:
-        match = _FUNCTION.match(body)
-        if match is None or not body.endswith("</function>"):
+        whole = _Qwen3CoderReader(self._types)
+        whole.grow(body)
+        if whole._name is None or whole._state != "done" or whole._text.strip():
             return None
-        name = match.group(1).strip()
-        inside = body[match.end() : -len("</function>")]
-        read = _parameters(inside, self._types.get(name, {}))
-        if not name or read is None or read[1]:
-            return None
-        return _call(name, dict(read[0]))
+        return _call(whole._name, dict(whole._found))
 
 
 def _json(value: Any) -> str:
@@ -232,7 +212,7 @@ class _HermesReader:
             head = self._head.lstrip()
             match = _JSON_HEAD.match(head)
             if match is None:
-                if len(head) > _HEAD_LIMIT:
+                if len(head) > HEAD_LIMIT:
                     self._arguments.broken = True
                 return None
             try:
@@ -341,7 +321,7 @@ class _Mistral:
     (`stream`), each also opens at its name and streams its arguments, in either format."""
 
     def __init__(self, stream: bool) -> None:
-        self._buffer = ""
+        self._content = TagScanner(_TOOL_CALLS)
         self._parts: list[str] | None = None
         """The text after `[TOOL_CALLS]`; None before it."""
         self._stream = stream
@@ -351,15 +331,12 @@ class _Mistral:
         if self._parts is not None:
             self._parts.append(text)
             return self._stream_calls(text)
-        self._buffer += text
-        at = self._buffer.find(_TOOL_CALLS)
-        if at >= 0:
-            out, rest = self._buffer[:at], self._buffer[at + len(_TOOL_CALLS) :]
-            self._buffer, self._parts = "", [rest]
-            return ([out] if out else []) + self._stream_calls(rest)
-        cut = len(self._buffer) - partial_suffix(self._buffer, _TOOL_CALLS)
-        out, self._buffer = self._buffer[:cut], self._buffer[cut:]
-        return [out] if out else []
+        out, rest = self._content.feed(text)
+        pieces: list[Piece] = [out] if out else []
+        if rest is not None:
+            self._parts = [rest]
+            pieces += self._stream_calls(rest)
+        return pieces
 
     def _stream_calls(self, text: str) -> list[Piece]:
         if not self._stream:
@@ -383,7 +360,7 @@ class _Mistral:
 
     def finish(self) -> list[Piece]:
         if self._parts is None:
-            text, self._buffer = self._buffer, ""
+            text = self._content.held()
             return [text] if text else []
         text, self._parts = "".join(self._parts), None
         calls = _mistral_calls(text)

@@ -70,6 +70,11 @@ MALFORMED = [
     # Cut at the token limit inside the call: no closing tag.
     ("hermes", 'On it.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'),
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"),
+    (
+        "qwen3_coder",
+        "<tool_call><function=get_weather><parameter=>x</parameter></function></tool_call>",
+    ),
+    ("qwen3_coder", "<tool_call><function=get_weather></function> and more</tool_call>"),
 ]
 
 

@@ -1,9 +1,10 @@
 """Token-in calls: decide per call whether it continues a lineage, and answer either way.
 
 A call of a token-in rollout whose request continues an earlier answer (lineage.py) is sent to
-the engine with the earlier prompt, the sampled ids and the bridge (bridge.py): on its token-in
-route, the answer parsed back into chat here (route.py), or with the chat request, parsed by
-the engine (chatroute.py). Any other call is a normal rendered chat
+the engine with the earlier prompt, the sampled ids, the end of turn rolltap adds when that
+answer did not end its turn (cut at its token limit; noted on the call), and the bridge
+(bridge.py): on its token-in route, the answer parsed back into chat here (route.py), or with
+the chat request, parsed by the engine (chatroute.py). Any other call is a normal rendered chat
 call, its reason code recorded. Both become a lineage turn once answered, so the next call of
 the conversation can continue them.
 """
@@ -83,23 +84,32 @@ async def _decide(
     model = body.get("model") if isinstance(body.get("model"), str) else None
     bridges = tokenin.bridges(taken.ctx.client(), backend.url, backend.kind, model)
     options = body.get("chat_template_kwargs")
+    tools = body.get("tools") or None
+    rendered = options if isinstance(options, dict) else None
+    last = turn.sampled_ids[-1] if turn.sampled_ids else -1
+    cut = turn.finish_reason == "length"
     try:
-        bridge = await bridges.bridge(
-            turn.sampled_ids[-1] if turn.sampled_ids else -1,
-            found.tail,
-            body.get("tools") or None,
-            options if isinstance(options, dict) else None,
-        )
+        closing = await bridges.end_of_turn(last, cut, tools, rendered)
+        if isinstance(closing, str):
+            return closing
+        bridge = await bridges.bridge(closing[-1] if closing else last, found.tail, tools, rendered)
     except TemplateFailed as e:
         log.warning("token-in bridge for call %s: %s", taken.exchange.call_id, e)
         return TOKENIZE_FAILED
     if isinstance(bridge, str):
         return bridge
+    if closing:
+        # Not sampled: in the next prompt, but never in a call's sampled ids (mask 0).
+        ended = "cut at its token limit" if cut else "ended without an end-of-turn token"
+        taken.exchange.notes.append(
+            f"end of turn {closing} added by rolltap after the answer it continues ({ended})"
+        )
+    prompt_ids = [*turn.prompt_ids, *turn.sampled_ids, *closing, *bridge]
     if tokenin.route == "chat":
-        return ChatIdsRoute([*turn.prompt_ids, *turn.sampled_ids, *bridge])
+        return ChatIdsRoute(prompt_ids)
     parse_tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
     return TokenInRoute(
-        [*turn.prompt_ids, *turn.sampled_ids, *bridge],
+        prompt_ids,
         tokenin.reasoning_parser,
         tokenin.tool_call_parser if parse_tools else None,
         body.get("tools"),

@@ -12,9 +12,16 @@ avoids):
     bridge = full[from just after the answer's stop token inside glue:]
 
 so what the template puts after the stop token (ChatML's newline after <|im_end|>) is part of
-the bridge. A template that does not render the new messages as an extension of `base`, or an
-answer whose last sampled id is not a token the template ends turns with (a stop string, a
-cut), gives no bridge: the call falls back with a reason code.
+the bridge. A template that does not render the new messages as an extension of `base` gives no
+bridge: the call falls back with a reason code.
+
+An answer that did not end its turn (cut at its token limit, or stopped by a stop string, so
+its last id is no token the template ends turns with) is closed by rolltap: `end_of_turn` is the
+first id of `glue`, the token the template ends an assistant turn with (ChatML's <|im_end|>),
+and the bridge follows it, so the next prompt is the previous prompt, the sampled ids, the end
+of turn and the bridge: what the template writes after the answer's text. A cut answer counts
+as ended only when its last id is that token (SGLang reports `length` for an answer whose last
+allowed id was its stop token); a stopped one when its last id is any of `glue`'s.
 
 `Template` is the seam: `LocalTemplate` renders in process (the engine's tokenizer and template
 files), `RemoteTemplate` asks the engine's /tokenize with messages. Base renders are cached per
@@ -31,7 +38,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from rolltap.proxy.tokenin.lineage import NO_STOP_TOKEN, TEMPLATE_MISMATCH
+from rolltap.proxy.tokenin.lineage import NO_STOP_TOKEN, TEMPLATE_MISMATCH, TRUNCATED
 
 _USER = {"role": "user", "content": "."}
 _DOT = [_USER, {"role": "assistant", "content": "."}]
@@ -68,6 +75,23 @@ class Bridges:
         self.template = template
         self._bases: OrderedDict[bytes, _Base] = OrderedDict()
         self._cache = cache
+
+    async def end_of_turn(
+        self,
+        last_id: int,
+        cut: bool,
+        tools: list[dict[str, Any]] | None,
+        options: dict[str, Any] | None,
+    ) -> list[int] | str:
+        """The ids rolltap adds after an answer (`last_id`: its last sampled id; `cut`: it ended
+        at its token limit) to end its turn: none when the answer ended it, else the template's
+        end-of-turn token; a reason code when the template writes none after an answer."""
+        glue = (await self._base(tools, options)).glue
+        if not glue:
+            return TRUNCATED if cut else NO_STOP_TOKEN
+        if last_id == glue[0] or (not cut and last_id in glue):
+            return []
+        return glue[:1]
 
     async def bridge(
         self,

@@ -37,9 +37,12 @@ ASSISTANT_REWRITTEN = "assistant_rewritten"
 TAIL_UNSUPPORTED = "tail_unsupported"
 """After the served answer come messages other than tool results and user turns, or none."""
 TRUNCATED = "truncated"
-"""The answer being continued was cut at its token limit."""
+"""The answer being continued was cut at its token limit, and the chat template writes no token
+after an answer to end its turn with (a cut answer is bridged after the template's end of turn
+where it has one, bridge.py)."""
 NO_STOP_TOKEN = "no_stop_token"
-"""The answer being continued did not end in a token the chat template ends a turn with."""
+"""The answer being continued did not end in a token the chat template ends a turn with, and
+the template writes none after an answer."""
 TOOLS_CHANGED = "tools_changed"
 """The tools or template options differ from the continued request's (they render elsewhere)."""
 MULTIMODAL = "multimodal"
@@ -185,8 +188,6 @@ class Lineages:
             return TAIL_UNSUPPORTED
         if turn.context != context:
             return TOOLS_CHANGED
-        if turn.finish_reason == "length":
-            return TRUNCATED
         return Continued(turn, tail)
 
     def add(self, hashes: list[bytes], turn: Turn) -> None:

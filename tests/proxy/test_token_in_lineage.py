@@ -21,7 +21,6 @@ from rolltap.proxy.tokenin.lineage import (
     NO_STOP_TOKEN,
     TAIL_UNSUPPORTED,
     TOOLS_CHANGED,
-    TRUNCATED,
     Continued,
     Lineages,
     Turn,
@@ -139,10 +138,12 @@ def test_why_a_request_continues_nothing(history: list[dict[str, Any]], reason: 
     assert find(lineages, history) == reason
 
 
-def test_a_truncated_answer_or_other_tools_are_not_continued() -> None:
+def test_a_truncated_answer_is_continued_but_not_with_other_tools() -> None:
     lineages = Lineages()
-    served(lineages, [user("Long story?")], assistant("Once upon"), finish="length")
-    assert find(lineages, [user("Long story?"), assistant("Once upon"), user("go on")]) == TRUNCATED
+    cut = served(lineages, [user("Long story?")], assistant("Once upon"), finish="length")
+    found = find(lineages, [user("Long story?"), assistant("Once upon"), user("go on")])
+    assert isinstance(found, Continued)
+    assert found.turn is cut
     served(lineages, [user("Hi")], assistant("Hello."))
     other = {**BODY, "tools": [{"type": "function", "function": {"name": "f"}}]}
     assert find(lineages, [user("Hi"), assistant("Hello."), user("Go")], other) == TOOLS_CHANGED
@@ -197,3 +198,31 @@ async def test_no_bridge_after_an_answer_cut_by_a_stop_string() -> None:
     period = tokenizer.encode(".", add_special_tokens=False)[-1]
     bridges = Bridges(LocalTemplate(renderer()))
     assert await bridges.bridge(period, [user("Go on")], None, None) == NO_STOP_TOKEN
+
+
+async def test_an_answer_that_did_not_end_its_turn_is_ended_by_rolltap() -> None:
+    """Cut at its limit, or stopped by a stop string: <|im_end|> is added, then the bridge, and
+    the whole is what SmolLM2's (append-only) template renders of the conversation."""
+    chat = renderer()
+    tokenizer = smollm2_tokenizer()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
+    bridges = Bridges(LocalTemplate(chat))
+    first = [SYSTEM, user("Tell me a story.")]
+    prompt = chat.render(first).token_ids
+    sampled = tokenizer.encode("Once upon a time", add_special_tokens=False)
+    tail = [user("Go on.")]
+
+    for cut in (True, False):  # at the limit; by a stop string
+        closing = await bridges.end_of_turn(sampled[-1], cut, None, None)
+        assert closing == [end]
+        bridge = await bridges.bridge(closing[-1], tail, None, None)
+        assert isinstance(bridge, list)
+        whole = chat.render([*first, assistant("Once upon a time"), *tail]).token_ids
+        assert prompt + sampled + closing + bridge == whole
+
+    # An answer that sampled its end of turn needs none, even reported cut (SGLang counts the
+    # limit first); a cut one ending in the newline of the glue still does.
+    assert await bridges.end_of_turn(end, True, None, None) == []
+    assert await bridges.end_of_turn(end, False, None, None) == []
+    assert await bridges.end_of_turn(newline, True, None, None) == [end]

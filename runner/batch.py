@@ -195,8 +195,11 @@ async def run_batch(
             meta={**(meta or {}), "sandbox": kind, **token_in_meta(token_in)},
             settings=outcome,
         )
-        if kept:
-            say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")
+        if kept or any(p.attempt > 0 for p in todo):
+            say(
+                f"resuming batch {batch_id}: {len(kept)} of {len(kept) + len(todo)} rollouts "
+                f"already finished, {len(todo)} to run"
+            )
         if isinstance(sandbox, str):
             provider = await make_provider(sandbox, image=sandbox_image)
             stack.push_async_callback(provider.close)

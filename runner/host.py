@@ -25,6 +25,10 @@ from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.store import Store
 
 
+class BackendUnreachable(Exception):
+    """A --backend that nothing answers at, or that cannot say which model it serves."""
+
+
 @dataclass(frozen=True)
 class ProxyHost:
     socket: Path
@@ -104,6 +108,12 @@ async def proxy_host(
         proxy = await start_proxy(settings, store)
         proxy.ctx.replay = replay
         stack.push_async_callback(proxy.stop)
+        if urls and not proxy.ctx.pool.healthy():
+            # The proxy probed them before serving: every rollout would fail, one by one.
+            raise BackendUnreachable(
+                f"--backend {' '.join(urls)}: nothing answers there (connection refused); "
+                "start the engine first, or check the URL"
+            )
         # The socket is restricted now: let the sandboxes' group through its directory.
         os.chown(tmp, -1, group)
         tmp.chmod(0o750)
@@ -123,12 +133,25 @@ def token_in_meta(token_in: TokenInOptions | None) -> dict[str, bool]:
 async def served_model(backend: str) -> str:
     """The first model `backend` lists."""
     url = backend.split("=", 1)[-1].rstrip("/").removesuffix("/v1") + "/v1/models"
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp,
-    ):
-        data = await resp.json()
-    models = [m["id"] for m in data.get("data", [])]
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp,
+        ):
+            resp.raise_for_status()
+            data = await resp.json()
+    except aiohttp.ClientConnectorError as e:
+        raise BackendUnreachable(
+            f"--backend {backend}: cannot connect ({e.strerror or e}); start the engine first, "
+            "or check the URL"
+        ) from None
+    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        why = "no answer in 30 s" if isinstance(e, TimeoutError) else str(e) or type(e).__name__
+        raise BackendUnreachable(
+            f"--backend {backend}: GET {url} failed ({why}); pass --model to skip asking"
+        ) from None
+    listed = data.get("data") if isinstance(data, dict) else None
+    models = [m["id"] for m in listed if isinstance(m, dict) and "id" in m] if listed else []
     if not models:
-        raise ValueError(f"{url} lists no model; pass --model")
+        raise BackendUnreachable(f"{url} lists no model; pass --model")
     return str(models[0])

@@ -41,6 +41,7 @@ _USER_ERRORS = (
     ("rolltap.runner.tasks", "TaskFormatError"),
     ("rolltap.runner.settings", "BatchSettingsChanged"),
     ("rolltap.runner.egress.errors", "EgressError"),
+    ("rolltap.runner.host", "BackendUnreachable"),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +59,21 @@ def checked_backends(values: tuple[str, ...]) -> list[str]:
         except ValueError as e:
             raise click.ClickException(f"--backend {spec}: {e}") from None
     return specs
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port something else listens on with one line, before anything starts."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            # As aiohttp binds (reuse_address): a port in TIME_WAIT is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {e.strerror or e} (choose another with --port)"
+        ) from None
 
 
 def tokenizer_option(f: F) -> F:

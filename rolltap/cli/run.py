@@ -49,8 +49,22 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     help="An agent harness, or `oracle`: each task's reference solution, to check the tasks.",
 )
 @click.option("--sandbox", default="bwrap", show_default=True, type=click.Choice(KINDS))
-@click.option("-n", "--samples", default=1, show_default=True, help="Rollouts per task.")
-@click.option("-c", "--concurrency", default=4, show_default=True, help="Harnesses at once.")
+@click.option(
+    "-n",
+    "--samples",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rollouts per task.",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Harnesses at once.",
+)
 @click.option("--eval-concurrency", type=int, help="Verifiers at once (default: -c).")
 @click.option(
     "--backend",
@@ -316,7 +330,7 @@ def _oracle_verdict(console: Console, summary: BatchSummary) -> None:
 
 @click.command()
 @click.option("--sandbox", type=click.Choice(KINDS), help="Default: bwrap, else local.")
-@click.option("-n", "--samples", default=1, show_default=True)
+@click.option("-n", "--samples", default=1, show_default=True, type=click.IntRange(min=1))
 @db_option
 def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
     """The embedded default end to end: built-in engine, proxy, mini-swe-agent on a few tasks."""

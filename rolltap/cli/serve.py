@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import click
 
 from rolltap.cli.options import (
+    check_port,
     checked_backends,
     db_option,
     engine_arg_option,
@@ -158,7 +158,7 @@ def serve(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     specs = checked_backends(backends)
     # Before the store is created or an engine loaded: a taken port fails in a second.
-    _check_port(host, port)
+    check_port(host, port)
     settings = ProxySettings(
         backends=specs,
         host=host,
@@ -251,20 +251,6 @@ def _aliases(specs: tuple[str, ...]) -> dict[str, str]:
         return dict(parse_alias(spec) for spec in specs)
     except ValueError as e:
         raise click.ClickException(f"--model-alias {e}") from None
-
-
-def _check_port(host: str, port: int) -> None:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, kind, proto, _, address = infos[0]
-        with socket.socket(family, kind, proto) as probe:
-            # As aiohttp binds (reuse_address): a port in TIME_WAIT is free to it.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as e:
-        raise click.ClickException(
-            f"cannot listen on {host}:{port}: {e.strerror or e} (choose another with --port)"
-        ) from None
 
 
 def _builtin_engine(

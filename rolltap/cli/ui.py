@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rolltap.cli.options import db_option
+from rolltap.cli.options import check_port, db_option
 from rolltap.proxy.admin import ExposedWithoutToken
 from rolltap.store.url import resolve_url
 from rolltap.ui import RunningUI, UISettings, serve_until_stopped
@@ -37,6 +37,7 @@ def ui(
         check_binding(host, admin_token)
     except ExposedWithoutToken as e:
         raise click.UsageError(str(e)) from e
+    check_port(host, port)
     settings = UISettings(host=host, port=port, admin_token=admin_token, tokenizer=tokenizer)
     store_url = resolve_url(db_url)
 

@@ -1,0 +1,91 @@
+"""What a new user runs into first, through the real `rolltap` command: a backend that is not
+up, a port already taken, a batch of nothing, a batch resumed without saying so."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from rolltap.store import NewRollout, RolloutStatus, Store
+from tests.cli.test_mistakes import one_line_error
+from tests.support.cli import rolltap
+from tests.support.processes import free_port
+
+
+def _tasks(path: Path) -> Path:
+    entry = {"id": "t", "instruction": "say hi", "test": "true", "solution": "true"}
+    path.write_text(json.dumps(entry) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("model", [[], ["--model", "m"]])
+def test_run_against_a_backend_that_is_not_up_is_one_line(
+    tmp_path: Path, model: list[str]
+) -> None:
+    _tasks(tmp_path / "tasks.jsonl")
+    backend = f"http://127.0.0.1:{free_port()}"
+    result = rolltap(
+        tmp_path,
+        *("run", "tasks.jsonl", "--harness", "single-call", "--sandbox", "local"),
+        *("--backend", backend, "--db", "s.sqlite", *model),
+    )
+    assert one_line_error(result) == (
+        f"Error: --backend {backend}: nothing answers there (connection refused); "
+        "start the engine first, or check the URL"
+    )
+
+
+def test_a_second_ui_on_a_taken_port_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = rolltap(tmp_path, "ui", "--port", str(port), "--db", "s.sqlite")
+    assert one_line_error(result) == (
+        f"Error: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(choose another with --port)"
+    )
+
+
+@pytest.mark.parametrize("flag", ["-n", "-c"])
+def test_run_refuses_zero_samples_or_harnesses(tmp_path: Path, flag: str) -> None:
+    _tasks(tmp_path / "tasks.jsonl")
+    args = ("run", "tasks.jsonl", "--harness", "oracle", "--sandbox", "local", "--db", "s.sqlite")
+    result = rolltap(tmp_path, *args, flag, "0")
+    assert result.returncode == 2, result.stdout
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"Error: Invalid value for '{flag}'")
+    assert "0 is not in the range x>=1" in result.stderr
+    assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_a_resumed_batch_says_it_resumes(tmp_path: Path) -> None:
+    _tasks(tmp_path / "tasks.jsonl")
+    db = f"sqlite:///{tmp_path / 's.sqlite'}"
+
+    async def interrupted() -> None:
+        # What a killed run leaves: the batch's rollout, never finished.
+        store = await Store.connect(db)
+        try:
+            created = await store.create_rollout(
+                NewRollout(batch_id="b1", task_id="t", sample_index=0, harness="oracle")
+            )
+            await store.update_rollout(created.id, status=RolloutStatus.RUNNING)
+        finally:
+            await store.close()
+
+    asyncio.run(interrupted())
+    common = ("run", "tasks.jsonl", "--harness", "oracle", "--sandbox", "local", "--db", db)
+    resumed = rolltap(tmp_path, *common, "--batch", "b1", "-n", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming batch b1: 0 of 2 rollouts already finished, 2 to run" in resumed.stdout
+    again = rolltap(tmp_path, *common, "--batch", "b1", "-n", "2")
+    assert again.returncode == 0, again.stderr
+    assert "resuming batch b1: 2 of 2 rollouts already finished, 0 to run" in again.stdout
+    fresh = rolltap(tmp_path, *common, "--batch", "b2")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "resuming" not in fresh.stdout

@@ -91,16 +91,40 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         error = _from_http(e)
         if e.status == 404:
-            error = NotFoundError(f"no route for {request.method} {_path_for_humans(request)}")
+            return await _no_route(request)
         return error_response(error, request)
     except Exception:
         log.exception("unexpected error serving %s %s", request.method, _path_for_humans(request))
         return error_response(ProxyError("internal error in the proxy"), request)
 
 
+async def _no_route(request: web.Request) -> web.Response:
+    """A 404 in the client's error shape; when the path is a route but for the `/v1` its base URL
+    lacks (`.../r/<key>/chat/completions`), the message says so."""
+    message = f"no route for {request.method} {_path_for_humans(request)}"
+    anthropic = is_anthropic(request.path)
+    parts = request.path.split("/")
+    at = 3 if len(parts) > 2 and parts[1] == "r" else 1
+    if parts[at : at + 1] != ["v1"]:
+        meant = "/".join([*parts[:at], "v1", *parts[at:]])
+        match = await request.app.router.resolve(request.clone(rel_url=meant))
+        if match.http_exception is None:
+            message += f"; did you mean {_masked(meant)}? the base URL ends in /v1"
+            anthropic = is_anthropic(meant)
+    return web.Response(
+        status=404,
+        body=error_body(NotFoundError(message), anthropic),
+        content_type="application/json",
+    )
+
+
 def _path_for_humans(request: web.Request) -> str:
     """The path with any rollout key masked: keys are secrets and never logged."""
-    parts = request.path.split("/")
+    return _masked(request.path)
+
+
+def _masked(path: str) -> str:
+    parts = path.split("/")
     if len(parts) > 2 and parts[1] == "r":
         parts[2] = "<key>"
     return "/".join(parts)

@@ -2,6 +2,7 @@
 
 from rolltap.store.egress import EgressRecord
 from rolltap.store.errors import (
+    AmbiguousId,
     BadDatabaseURL,
     DatabaseUnavailable,
     InvalidTokens,
@@ -32,6 +33,7 @@ from rolltap.store.url import DatabaseURL, resolve_url
 from rolltap.store.writer import StoreState, StoreStatus
 
 __all__ = [
+    "AmbiguousId",
     "BadDatabaseURL",
     "BatchView",
     "CallBodies",

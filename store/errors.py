@@ -5,6 +5,7 @@ StoreError
  ├── DatabaseUnavailable   the database could not be reached or opened
  ├── InvalidTokens         token ids or logprobs that must not be stored (also a ValueError)
  ├── NotFound              no rollout or call with that id
+ ├── AmbiguousId           an id prefix that begins several ids
  ├── ReadOnly              a write to a store opened read-only
  └── WriterClosed          a record was submitted after the writer stopped
 """
@@ -29,6 +30,10 @@ class InvalidTokens(StoreError, ValueError):
 
 
 class NotFound(StoreError, LookupError):
+    pass
+
+
+class AmbiguousId(StoreError, LookupError):
     pass
 
 

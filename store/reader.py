@@ -14,6 +14,7 @@ from rolltap.store.analysis import LoopThread
 from rolltap.store.drift import Detokenizer
 from rolltap.store.egress import EgressRecord
 from rolltap.store.integrity import RolloutIntegrity
+from rolltap.store.lookup import Kind, resolve_id
 from rolltap.store.records import (
     BatchView,
     CallBodies,
@@ -98,6 +99,10 @@ class StoreReader:
         self, *, pass_reward: float = 1.0, limit: int | None = None, offset: int = 0
     ) -> list[BatchView]:
         return self.run(self._store.batches(pass_reward=pass_reward, limit=limit, offset=offset))
+
+    def resolve(self, kind: Kind, given: str) -> str:
+        """The rollout, batch or call id that `given` is or uniquely begins (store/lookup.py)."""
+        return self.run(self._store.db.read(resolve_id, kind, given))
 
     def rollout(self, rollout_id: str) -> RolloutView:
         return self.run(self._store.rollout(rollout_id))

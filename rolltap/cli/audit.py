@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from rolltap.cli.ids import batch_filter
 from rolltap.cli.options import db_option
 from rolltap.cli.signing import secret_option, signing_key
 from rolltap.store import NotFound, StoreReader, signature
@@ -65,9 +66,9 @@ def verify(
     failed = 0
     with open_store(db_url, read_only=True) as store:
         ids = (
-            [rollout_id]
+            [store.resolve("rollout", rollout_id)]
             if rollout_id is not None
-            else [r.id for r in store.rollouts(batch=batch, oldest_first=True)]
+            else [r.id for r in store.rollouts(batch=batch_filter(store, batch), oldest_first=True)]
         )
         if not ids:
             raise click.ClickException(f"batch {batch!r} has no rollouts")

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from rolltap.cli.ids import batch_filter
 from rolltap.cli.options import db_option, tokenizer_option
 from rolltap.cli.signing import secret_option, signing_key
 from rolltap.store import RolloutView, StoreReader
@@ -91,8 +92,9 @@ def export(
     response_ids, loss_mask, logprobs, reward, links and drift), or each rollout as an ATIF
     trajectory."""
     fmt, out = _format_and_out(fmt, out)
-    selected = list(rollouts) or None
     with open_store(db_url, read_only=True) as store:
+        batch = batch_filter(store, batch)
+        selected = [store.resolve("rollout", r) for r in rollouts] or None
         views = store.rollouts(batch=batch, status=status, ids=selected, oldest_first=True)
         if not views:
             raise click.ClickException(f"no rollouts match {_filters(batch, status, rollouts)}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from rolltap.cli.ids import batch_filter
 from rolltap.cli.options import db_option, tokenizer_option
 
 
@@ -27,6 +28,7 @@ def ls(
     from rolltap.store import open as open_store
 
     with open_store(db_url, read_only=True) as store:
+        batch = batch_filter(store, batch)
         rollouts = store.rollouts(batch=batch, status=status, limit=limit)
     if not rollouts:
         # On stderr: --json output stays valid (empty) JSON Lines.
@@ -87,6 +89,7 @@ def show(
 
     detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
     with open_store(db_url, read_only=True) as store:
+        rollout_id = store.resolve("rollout", rollout_id)
         if as_json:
             from rolltap.store.export import rollout_document
 

@@ -23,6 +23,7 @@ from rolltap.runner.sandboxes.errors import SandboxUnavailable
 from rolltap.runner.sandboxes.kinds import KINDS
 from rolltap.runner.tasks import TaskFormatError
 from rolltap.store import StoreError
+from rolltap.store import open as open_store
 from rolltap.store.replay import CallReplay, Mode, Outcome, ReplayReport
 
 REPRODUCED, DIVERGED, FAILED = 0, 1, 2
@@ -82,6 +83,8 @@ def replay(
     console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     err = Console(stderr=True, highlight=False)
     try:
+        with open_store(db_url, read_only=True) as store:
+            rollout_id = store.resolve("rollout", rollout_id)
         replayed = asyncio.run(
             replay_rollout(
                 rollout_id,

@@ -36,6 +36,7 @@ def audit() -> None:
     help="Check a signed export (the file or directory, or its .sig): its signature, its files, "
     "and each of its rollouts against this store's chains.",
 )
+@click.option("--all", "every", is_flag=True, help="Every rollout in the store.")
 @click.option(
     "--json", "as_json", is_flag=True, help="One JSON object per rollout (JSON Lines) on stdout."
 )
@@ -45,14 +46,20 @@ def verify(
     rollout_id: str | None,
     batch: str | None,
     export_path: Path | None,
+    every: bool,
     as_json: bool,
     secret: str | None,
 ) -> None:
     """Recompute each call's digest and link and the rollout's sealed head; list every altered,
     missing or reordered call, and the calls the proxy refused. Exit status 1 when anything
-    does not hold."""
-    if sum(x is not None for x in (rollout_id, batch, export_path)) != 1:
-        raise click.UsageError("give a ROLLOUT id, --batch NAME or --export FILE")
+    does not hold. ROLLOUT may be a unique prefix of its id."""
+    if sum(x is not None for x in (rollout_id, batch, export_path)) + every != 1:
+        what = click.ClickException(
+            "verify what? give one of: a ROLLOUT id, --batch NAME, --export FILE, or --all "
+            "(every rollout in the store)"
+        )
+        what.exit_code = 2  # a usage error, in one line
+        raise what
     console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     if export_path is not None:
         try:
@@ -71,7 +78,9 @@ def verify(
             else [r.id for r in store.rollouts(batch=batch_filter(store, batch), oldest_first=True)]
         )
         if not ids:
-            raise click.ClickException(f"batch {batch!r} has no rollouts")
+            raise click.ClickException(
+                "the store holds no rollouts yet" if every else f"batch {batch!r} has no rollouts"
+            )
         for rid in ids:
             result = store.verify_rollout(rid)
             failed += not result.ok

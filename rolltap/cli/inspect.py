@@ -4,30 +4,56 @@ What a command needs is imported when it runs (a listing never loads the proxy o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from rolltap.cli.ids import batch_filter
 from rolltap.cli.options import db_option, tokenizer_option
 
+if TYPE_CHECKING:
+    from rolltap.store import BatchView
+
 
 @click.command()
 @db_option
 @click.option("--batch", help="Only rollouts of this batch.")
 @click.option("--status", help="Only rollouts with this status.")
-@click.option("--limit", default=50, show_default=True, help="At most this many rollouts.")
+@click.option("--limit", default=50, show_default=True, help="At most this many rows.")
 @click.option(
-    "--json", "as_json", is_flag=True, help="JSON Lines: one object per rollout (see README)."
+    "--batches",
+    "list_batches",
+    is_flag=True,
+    help="List batches instead: rollouts by status, mean reward, passed; newest first.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="JSON Lines: one object per rollout or batch (see README).",
 )
 def ls(
-    db_url: str | None, batch: str | None, status: str | None, limit: int, as_json: bool
+    db_url: str | None,
+    batch: str | None,
+    status: str | None,
+    limit: int,
+    list_batches: bool,
+    as_json: bool,
 ) -> None:
-    """List rollouts, newest first."""
+    """List rollouts (or, with --batches, batches), newest first."""
     from rolltap.store import open as open_store
 
+    if list_batches and (batch is not None or status is not None):
+        raise click.ClickException(
+            "--batches lists every batch: --batch and --status pick rollouts"
+        )
     with open_store(db_url, read_only=True) as store:
+        if list_batches:
+            _list_batches(store.batches(limit=limit), as_json)
+            return
         batch = batch_filter(store, batch)
         rollouts = store.rollouts(batch=batch, status=status, limit=limit)
     if not rollouts:
@@ -97,6 +123,39 @@ def show(
             click.echo(json.dumps(document, ensure_ascii=False))
             return
         rollout_view.show(store, rollout_id, detokenizer, conversation=conversation)
+
+
+def _list_batches(batches: list[BatchView], as_json: bool) -> None:
+    if not batches:
+        click.echo("no batches yet (`rolltap run` makes one)", err=True)
+        return
+    if as_json:
+        for b in batches:
+            row = dataclasses.asdict(b)
+            for name in ("created_at", "finished_at"):  # ISO 8601, as `ls --json` writes them
+                row[name] = row[name] and row[name].isoformat()
+            click.echo(json.dumps(row, ensure_ascii=False))
+        return
+    from rich.table import Table
+
+    from rolltap.cli.console import console_for_output
+    from rolltap.cli.rollout_view import when
+
+    table = Table(box=None, header_style="bold")
+    for column in ("batch", "started", "rollouts", "tasks", "mean reward", "passed", "statuses"):
+        numeric = column in ("rollouts", "tasks", "mean reward", "passed")
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
+    for b in batches:
+        table.add_row(
+            b.batch_id,
+            when(b.created_at),
+            str(b.rollouts),
+            str(b.tasks),
+            "-" if b.mean_reward is None else f"{b.mean_reward:.3g}",
+            f"{b.passed}/{b.rewarded}",
+            " ".join(f"{name} {n}" for name, n in sorted(b.statuses.items())),
+        )
+    console_for_output().print(table)
 
 
 def _nothing_matches(batch: str | None, status: str | None) -> str:

@@ -17,7 +17,7 @@ from rolltap import __version__
 _COMMANDS = {
     "db": ("rolltap.cli.db", "db", "Manage the store's database schema."),
     "egress": ("rolltap.cli.egress", "egress", "Controlled egress for sandboxes."),
-    "ls": ("rolltap.cli.inspect", "ls", "List rollouts, newest first."),
+    "ls": ("rolltap.cli.inspect", "ls", "List rollouts (--batches: batches), newest first."),
     "show": ("rolltap.cli.inspect", "show", "Show one rollout: its calls, segments and outcome."),
     "model": ("rolltap.cli.model", "model", "The built-in model backend."),
     "harness": ("rolltap.cli.harness", "harness", "Agent harnesses rolltap can run unmodified."),

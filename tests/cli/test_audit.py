@@ -68,6 +68,10 @@ def test_a_tampered_batch_fails_and_names_the_call(tmp_path: Path) -> None:
     assert "NOT INTACT (2 issues)" in text.output
     assert f"altered  call {ids[0]} (seq 1): the record does not match its digest" in text.output
     assert "2 rollouts: 1 intact, 1 with issues" in text.output
+    every = CliRunner().invoke(cli, ["audit", "verify", "--all", "--db", url])
+    assert every.exit_code == 1, every.output
+    assert every.output.replace(f"rollout {good}", "").count("NOT INTACT") == 1
+    assert "2 rollouts: 1 intact, 1 with issues" in every.output
     assert as_json.exit_code == 1
     objects = {o["rollout_id"]: o for o in map(json.loads, as_json.output.splitlines())}
     assert objects[good]["ok"] is True
@@ -79,15 +83,22 @@ def test_a_tampered_batch_fails_and_names_the_call(tmp_path: Path) -> None:
     assert objects[bad]["refused"][0]["http_status"] == 403
 
 
-def test_verify_needs_a_rollout_or_a_batch(tmp_path: Path) -> None:
+def test_verify_needs_a_rollout_a_batch_or_all(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/s.sqlite"
     assert CliRunner().invoke(cli, ["db", "upgrade", "--db", url]).exit_code == 0
 
     neither = CliRunner().invoke(cli, ["audit", "verify", "--db", url])
+    both = CliRunner().invoke(cli, ["audit", "verify", "--all", "--batch", "b", "--db", url])
     unknown = CliRunner().invoke(cli, ["audit", "verify", "nope", "--db", url])
+    empty = CliRunner().invoke(cli, ["audit", "verify", "--all", "--db", url])
 
-    assert neither.exit_code == 2
-    assert "give a ROLLOUT id, --batch NAME or --export FILE" in neither.output
+    for refused in (neither, both):
+        assert refused.exit_code == 2
+        assert refused.output == (
+            "Error: verify what? give one of: a ROLLOUT id, --batch NAME, --export FILE, or "
+            "--all (every rollout in the store)\n"
+        )
     assert unknown.exit_code == 1
     assert "no rollout 'nope'" in unknown.output
     assert "Traceback" not in unknown.output
+    assert (empty.exit_code, empty.output) == (1, "Error: the store holds no rollouts yet\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -58,3 +59,28 @@ def test_show_unknown_rollout(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["show", "nope", "--db", url])
     assert result.exit_code == 1
     assert "no rollout 'nope'" in result.output
+
+
+def test_ls_batches_lists_each_batch_with_its_outcome(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.sqlite"
+    assert CliRunner().invoke(cli, ["db", "upgrade", "--db", url]).exit_code == 0
+    empty = CliRunner().invoke(cli, ["ls", "--batches", "--db", url])
+    assert (empty.exit_code, empty.output) == (0, "no batches yet (`rolltap run` makes one)\n")
+    _populate(url)
+
+    result = CliRunner().invoke(cli, ["ls", "--batches", "--db", url])
+    as_json = CliRunner().invoke(cli, ["ls", "--batches", "--json", "--db", url])
+    mixed = CliRunner().invoke(cli, ["ls", "--batches", "--batch", "b", "--db", url])
+
+    assert result.exit_code == 0, result.output
+    header, row = result.output.splitlines()
+    assert header.split()[:4] == ["batch", "started", "rollouts", "tasks"]
+    cells = row.split()
+    assert (cells[0], cells[3:8]) == ("b", ["2", "2", "1", "1/1", "pending"])
+    (line,) = as_json.output.splitlines()
+    shown = json.loads(line)
+    assert shown["batch_id"] == "b"
+    assert shown["statuses"] == {"pending": 1, "succeeded": 1}
+    assert shown["created_at"].endswith("+00:00")
+    assert mixed.exit_code == 1
+    assert "--batches lists every batch" in mixed.output

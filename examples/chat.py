@@ -1,5 +1,6 @@
 """A short multi-turn chat through the rolltap proxy with the openai SDK, as a harness would.
 
+    pip install openai                 # once: rolltap itself does not need the SDK
     rolltap serve                      # in one terminal: the proxy on the built-in engine
     python examples/chat.py            # in another; then: rolltap show <the rollout it prints>
 
@@ -12,10 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import urllib.request
 
-import openai
-from openai.types.chat import ChatCompletionMessageParam
+try:
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam
+except ModuleNotFoundError as missing:
+    if missing.name != "openai":
+        raise
+    sys.exit(
+        "examples/chat.py talks to the proxy with the openai SDK, as a harness would: "
+        "pip install openai"
+    )
 
 
 def create_rollout(proxy: str, admin_token: str | None) -> dict[str, str]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,9 @@ import pytest
 from rolltap.store import NewRollout, RolloutStatus, Store
 from tests.cli.test_mistakes import one_line_error
 from tests.support.cli import rolltap
-from tests.support.processes import free_port
+from tests.support.processes import ROOT, free_port
+
+README = ROOT / "README.md"
 
 
 def _tasks(path: Path) -> Path:
@@ -23,9 +28,7 @@ def _tasks(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("model", [[], ["--model", "m"]])
-def test_run_against_a_backend_that_is_not_up_is_one_line(
-    tmp_path: Path, model: list[str]
-) -> None:
+def test_run_against_a_backend_that_is_not_up_is_one_line(tmp_path: Path, model: list[str]) -> None:
     _tasks(tmp_path / "tasks.jsonl")
     backend = f"http://127.0.0.1:{free_port()}"
     result = rolltap(
@@ -89,3 +92,26 @@ def test_a_resumed_batch_says_it_resumes(tmp_path: Path) -> None:
     fresh = rolltap(tmp_path, *common, "--batch", "b2")
     assert fresh.returncode == 0, fresh.stderr
     assert "resuming" not in fresh.stdout
+
+
+def test_the_chat_example_without_the_openai_sdk_says_what_to_install(tmp_path: Path) -> None:
+    # What `pip install -e '.[engine]'` leaves: no openai package to import.
+    absent = tmp_path / "without-openai" / "openai"
+    absent.mkdir(parents=True)
+    (absent / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'openai'\", name='openai')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "chat.py")],
+        env={**os.environ, "PYTHONPATH": str(absent.parent)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert one_line_error(result) == (
+        "examples/chat.py talks to the proxy with the openai SDK, as a harness would: "
+        "pip install openai"
+    )
+    using_it = README.read_text().split("## Using it", 1)[1].split("\n## ", 1)[0]
+    assert "`examples/chat.py`" in using_it
+    assert "pip install openai" in using_it

@@ -33,6 +33,7 @@ from rolltap.proxy.forward import Upstream, open_upstream
 from rolltap.proxy.rollouts import RolloutState
 from rolltap.proxy.sampling import impose
 from rolltap.proxy.sse import DONE, EventSplitter, event_data
+from rolltap.proxy.staleness import hold_bound
 from rolltap.store import CallStatus
 from rolltap.store.ids import new_id
 
@@ -324,6 +325,7 @@ class EngineCall:
         exchange.captured = Captured(prompt_ids=prompt + partial)
         self._continuation = resume.continuation_request(self.prepared.body, prompt, partial)
         exchange.weight_version = await self._ctx.gate.wait_out()
+        await hold_bound(self._ctx, self._rollout)  # the continuation goes to an engine too
 
     async def _continue_open(self, *, stream: bool) -> None:
         settings = self._ctx.settings

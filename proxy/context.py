@@ -107,8 +107,11 @@ class ProxyContext:
 
     async def record(self, exchange: Exchange, state: RolloutState) -> None:
         """Make the call durable, then count it against the rollout."""
-        receipt = await self.store.append_call(exchange.to_record())
+        record = exchange.to_record()
+        receipt = await self.store.append_call(record)
         exchange.call_id = receipt.call_id
+        if record.status is CallStatus.OK:
+            state.saw_version(record.weight_version)  # staleness counts from it (staleness.py)
         if exchange.body_hash is not None:
             state.remember_body(exchange.body_hash, receipt.call_id, exchange.status.value)
         counted = exchange.status is not CallStatus.REJECTED

@@ -54,6 +54,7 @@ from rolltap.proxy.engines import Prepared
 from rolltap.proxy.errors import ProxyError, UpstreamFailed
 from rolltap.proxy.exchange import now
 from rolltap.proxy.intake import Intake
+from rolltap.proxy.staleness import StaleRollout, hold_bound
 from rolltap.store import CallStatus, InvalidTokens
 
 log = logging.getLogger("rolltap.proxy")
@@ -146,6 +147,9 @@ class _Relay:
         try:
             self._exchange.weight_version = await gate.enter()
             entered = True
+            # Checked here, not at admission: a call that waited out an update runs on the new
+            # weights, and is judged by them.
+            await hold_bound(self._taken.ctx, self._taken.state)
             await self._call.open()
             self._rendering = rendering(self._call)
             if self._call.error is not None:
@@ -230,6 +234,9 @@ class _Relay:
             if exchange.dispatched_at is None:
                 where = "before dispatch"
             exchange.fail(CallStatus.CANCELLED, None, f"client disconnected {where}")
+        elif isinstance(error, StaleRollout) and exchange.dispatched_at is None:
+            exchange.reject(error)  # refused before any engine saw it
+            metrics.errors.inc(kind=error.code or error.type)
         elif isinstance(error, ProxyError):
             exchange.fail(CallStatus.FAILED, error.status, error.message)
             metrics.errors.inc(kind=error.code or error.type)

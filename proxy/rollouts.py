@@ -25,6 +25,7 @@ from rolltap.proxy.budget import Budget
 from rolltap.proxy.errors import Forbidden, Unauthorized
 from rolltap.proxy.routing import StickyRouter
 from rolltap.proxy.sampling import rollout_sampling
+from rolltap.proxy.staleness import StaleBound, rollout_bound, stale_mark
 from rolltap.proxy.tokenin.lineage import Lineages
 from rolltap.store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
 from rolltap.store.ids import hash_key
@@ -54,6 +55,17 @@ class RolloutState:
     proxy's default."""
     lineages: Lineages = field(default_factory=Lineages)
     """Its conversations' recent turns, for token-in (proxy/tokenin/lineage.py)."""
+    stale_bound: StaleBound | None = None
+    """Its batch's bound on how far behind its calls may run (proxy/staleness.py)."""
+    oldest_version: str | None = None
+    """The weight version of its oldest recorded answer, once one is recorded."""
+    stale_marked: bool = False
+    """The bound has recorded what it did to the rollout (meta["stale"])."""
+
+    def saw_version(self, version: str | None) -> None:
+        """A call of the rollout was recorded with `version` (the oldest is kept)."""
+        if self.oldest_version is None:
+            self.oldest_version = version
 
     def remember_body(self, digest: str, call_id: str, status: str, keep: int = 64) -> None:
         self.bodies[digest] = (call_id, status)
@@ -163,7 +175,11 @@ class Rollouts:
                 calls_before=view.n_calls,
                 sampling=rollout_sampling(view.meta),
                 token_in=_token_in(view.meta),
+                stale_bound=rollout_bound(view.meta),
+                stale_marked=stale_mark(view.meta) is not None,
             )
+            if view.n_calls and state.stale_bound is not None:
+                state.oldest_version = await self._store.first_weight_version(view.id)
             if view.n_calls and view.status not in FINAL_STATUSES and self._router is not None:
                 backend = await self._store.last_backend(view.id)
                 if backend is not None:

@@ -133,6 +133,11 @@ class Sample:
     n_calls: int
     n_tokens: int
     trajectories: list[Trajectory] = field(default_factory=list)
+    stale_action: str | None = None
+    """What the batch's bound did when the proxy found this rollout past it at a dispatch:
+    "flag" (its calls went on), or None."""
+    relaunch_of: str | None = None
+    """The attempt this one replaces, stopped for staleness (`stale: "relaunch"`)."""
 
 
 @dataclass(frozen=True)

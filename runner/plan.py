@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rolltap.proxy.staleness import MARK
 from rolltap.runner.settings import BatchSettings, check_resumable
 from rolltap.runner.tasks import Task
-from rolltap.store import NewRollout, RolloutStatus, RolloutView, Store
+from rolltap.store import CreatedRollout, NewRollout, RolloutStatus, RolloutView, Store
 
 DONE = {
     RolloutStatus.SUCCEEDED,
@@ -24,6 +25,9 @@ DONE = {
 }
 INFRA = "infra_failure"
 """Metadata flag of an attempt that failed for reasons of the machine, not of the agent."""
+RELAUNCH_OF = "relaunch_of"
+"""Metadata of an attempt launched because the one before it ran too far behind the policy
+(the rollout service's `stale: "relaunch"`): that attempt's id."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,26 @@ async def next_attempt(store: Store, planned: Planned, why: str) -> Planned:
     """A fresh attempt (new row, new key) for a sample whose attempt the machine failed; the
     failed one is kept, marked, and points to it."""
     old = await store.rollout(planned.rollout_id)
-    created = await store.create_rollout(
+    # What the proxy found stale was that attempt: the new one's calls are judged afresh.
+    meta = {k: v for k, v in old.meta.items() if k not in ("superseded_by", MARK)}
+    created = await _new_attempt(store, old, meta)
+    await store.update_rollout(old.id, meta={**old.meta, INFRA: True})
+    await supersede(store, old, created.id, f"infrastructure: {why}")
+    return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)
+
+
+async def relaunch(
+    store: Store, planned: Planned, old: RolloutView, meta: dict[str, Any]
+) -> Planned:
+    """A fresh attempt of `planned`'s sample, with `meta`, after its attempt `old` was stopped
+    for running too far behind the policy (proxy/staleness.py); `old` is kept, pointing to it."""
+    created = await _new_attempt(store, old, {**meta, RELAUNCH_OF: old.id})
+    await supersede(store, old, created.id, old.error or "stale")
+    return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)
+
+
+async def _new_attempt(store: Store, old: RolloutView, meta: dict[str, Any]) -> CreatedRollout:
+    return await store.create_rollout(
         NewRollout(
             batch_id=old.batch_id,
             task_id=old.task_id,
@@ -128,9 +151,6 @@ async def next_attempt(store: Store, planned: Planned, why: str) -> Planned:
             model=old.model,
             max_calls=old.max_calls,
             max_tokens=old.max_tokens,
-            meta={k: v for k, v in old.meta.items() if k != "superseded_by"},
+            meta=meta,
         )
     )
-    await store.update_rollout(old.id, meta={**old.meta, INFRA: True})
-    await supersede(store, old, created.id, f"infrastructure: {why}")
-    return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
+from rolltap.proxy.staleness import ended_stale
 from rolltap.runner import provenance
 from rolltap.runner.egress import EgressGate, EgressMode, sandbox_env
 from rolltap.runner.egress.settings import BUNDLE_NAME
@@ -341,9 +342,11 @@ async def _finish(
 ) -> RolloutResult:
     store = shared.store
     view = await store.rollout(planned.rollout_id)
-    if view.status is RolloutStatus.BUDGET_EXCEEDED:
-        # The proxy ended it: its budget, not the harness, decided how it ended.
-        status, error = RolloutStatus.BUDGET_EXCEEDED, view.error
+    if view.status is RolloutStatus.BUDGET_EXCEEDED or (
+        view.status is RolloutStatus.CANCELLED and ended_stale(view.meta)
+    ):
+        # The proxy ended it (its budget, or its batch's bound on staleness), not the harness.
+        status, error = view.status, view.error
     started = seconds.pop("started", None)
     # Why a rollout got the reward it got, without opening its logs: their last lines.
     tails = {

@@ -509,6 +509,20 @@ def last_backend(conn: Connection, rollout_id: str) -> str | None:
     ).scalar()
 
 
+def first_weight_version(conn: Connection, rollout_id: str) -> str | None:
+    """The weight version of the rollout's oldest answered call that has one."""
+    return conn.execute(
+        select(C.c.weight_version)
+        .where(
+            C.c.rollout_id == rollout_id,
+            C.c.status == CallStatus.OK.value,
+            C.c.weight_version.is_not(None),
+        )
+        .order_by(C.c.seq)
+        .limit(1)
+    ).scalar()
+
+
 def lock_rollout(conn: Connection, rollout_id: str) -> None:
     """Hold a rollout's row until the transaction ends (PostgreSQL; SQLite's writer holds the
     whole database already), so no other writer appends a call meanwhile."""

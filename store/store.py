@@ -214,6 +214,9 @@ class Store:
     async def last_backend(self, rollout_id: str) -> str | None:
         return await self.db.read(queries.last_backend, rollout_id)
 
+    async def first_weight_version(self, rollout_id: str) -> str | None:
+        return await self.db.read(queries.first_weight_version, rollout_id)
+
     async def rollouts(
         self,
         *,

@@ -8,6 +8,7 @@ for), `scheduler` (groups, dynamic sampling, early stop), `executor` (where a ro
 idempotency), `routes` (HTTP), `clock` (policy versions, for staleness).
 """
 
+from rolltap.proxy.staleness import StalePolicy
 from rolltap.runner.service.batch import Batch, BatchStatus
 from rolltap.runner.service.clock import GateClock, PolicyClock, RemoteClock, VersionClock
 from rolltap.runner.service.embedded import RunnerSettings, extension, service_for
@@ -25,7 +26,6 @@ from rolltap.runner.service.spec import (
     PoolSizes,
     ServiceLimits,
     SpecError,
-    StalePolicy,
     parse_spec,
 )
 

@@ -47,6 +47,8 @@ class Batch:
     rollouts_in_flight: int = 0
     cancelled_rollouts: int = 0
     """Rollouts stopped before they finished (DELETE, a reached target, shutdown)."""
+    relaunched: int = 0
+    """Attempts stopped for staleness and run again (`stale: "relaunch"`)."""
     runner: asyncio.Task[None] | None = None
 
     @property
@@ -93,5 +95,6 @@ class Batch:
             "target_reached": self.target_reached,
             "rollouts_in_flight": self.rollouts_in_flight,
             "cancelled_rollouts": self.cancelled_rollouts,
+            "relaunched_rollouts": self.relaunched,
             "spec": describe(self.spec),
         }

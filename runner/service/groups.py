@@ -3,8 +3,10 @@
 A group is informative when its rewards are not all equal (GRPO's advantages are zero
 otherwise); a sample without a reward (its verifier never ran) counts as 0 there and is shown
 with reward null. A sample is stale when its oldest call is more than `max_staleness` weight
-updates old; `stale: "drop"` drops its whole group (a group must be compared within itself),
-`"flag"` keeps it with the samples marked.
+updates old, now or when the proxy checked it at a dispatch (proxy/staleness.py: meta["stale"]);
+`stale: "drop"` drops its whole group (a group must be compared within itself), `"flag"` and
+`"relaunch"` keep it with the samples marked. A relaunched sample is its new attempt, judged on
+its own calls: the attempt the proxy stopped is not in the group.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rolltap import wire
+from rolltap.proxy.staleness import StalePolicy, stale_mark
+from rolltap.runner.plan import RELAUNCH_OF
 from rolltap.runner.service.clock import VersionClock
-from rolltap.runner.service.spec import BatchSpec, Keep, StalePolicy
+from rolltap.runner.service.spec import BatchSpec, Keep
 from rolltap.store import RolloutView, Store
 from rolltap.store.steps import version_range
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
@@ -56,7 +60,10 @@ def judge(
     informative = len({0.0 if r is None else r for r in rewards}) > 1
     staleness = tuple(_staleness(b, clock) for b in built)
     limit = spec.max_staleness
-    stale = tuple(limit is not None and s is not None and s > limit for s in staleness)
+    stale = tuple(
+        (limit is not None and s is not None and s > limit) or _marked(b)
+        for b, s in zip(built, staleness, strict=True)
+    )
     reason = None
     if spec.keep is Keep.INFORMATIVE and not informative:
         reason = DROPPED_UNINFORMATIVE
@@ -81,6 +88,11 @@ def _staleness(built: RolloutTrajectories, clock: VersionClock) -> int | None:
     if oldest is None:
         return None
     return clock.staleness(oldest)
+
+
+def _marked(built: RolloutTrajectories) -> bool:
+    """The proxy found the sample past the bound when one of its calls was dispatched."""
+    return stale_mark(built.rollout.meta) is not None
 
 
 def dropped_message(batch_id: str, record: GroupRecord) -> dict[str, Any]:
@@ -180,6 +192,8 @@ def _sample(built: RolloutTrajectories, staleness: int | None, stale: bool) -> d
         "max_version": newest,
         "staleness": staleness,
         "stale": stale,
+        "stale_action": (stale_mark(view.meta) or {}).get("action"),
+        "relaunch_of": view.meta.get(RELAUNCH_OF),
         "faithfulness": built.faithfulness.share,
         "breaks": built.faithfulness.breaks,
     }

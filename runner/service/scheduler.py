@@ -7,6 +7,11 @@ the share of groups kept so far (DAPO-style dynamic sampling with asynchronous r
 and once K groups are kept every rollout still running is cancelled: its sandbox killed, its
 row marked cancelled, nothing recorded deleted. A group completes when all its samples
 finished; it is judged (informative, stale) and recorded as a kept or dropped event.
+
+With `max_staleness`, the bound goes into each rollout's meta and the proxy holds it as it
+dispatches the rollout's calls (proxy/staleness.py). An attempt the proxy stopped for
+`stale: "relaunch"` is followed here by a new attempt of the same sample, which starts on the
+weights then in force; it takes the old attempt's place in the group.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from rolltap.runner.plan import Budget, Planned, plan
+from rolltap.proxy.staleness import BOUND, StaleBound, StalePolicy, ended_stale
+from rolltap.runner.plan import Budget, Planned, plan, relaunch
 from rolltap.runner.rollout import RolloutResult
 from rolltap.runner.service.batch import Batch, BatchStatus
 from rolltap.runner.service.clock import PolicyClock
@@ -122,6 +128,9 @@ class Scheduler:
         if spec.sampling:
             # The proxy applies these to every engine call of the rollout.
             meta["sampling"] = dict(spec.sampling)
+        if spec.max_staleness is not None:
+            # The proxy holds it at each dispatch of the rollout's calls.
+            meta[BOUND] = StaleBound(spec.max_staleness, spec.stale).as_meta()
         return meta
 
     def _start(self, group: _Group, planned: Planned) -> None:
@@ -133,11 +142,27 @@ class Scheduler:
     async def _run_one(self, group: _Group, planned: Planned) -> RolloutResult:
         try:
             result = await self._executor.run(planned)
+            while (again := await self._relaunch(planned, result)) is not None:
+                group.rollout_ids[planned.sample_index] = again.rollout_id
+                planned = again
+                result = await self._executor.run(planned)
         finally:
             self._batch.rollouts_in_flight -= 1
         # An infrastructure retry runs as a new attempt: that attempt is the sample now.
         group.rollout_ids[planned.sample_index] = result.rollout_id
         return result
+
+    async def _relaunch(self, planned: Planned, result: RolloutResult) -> Planned | None:
+        """The next attempt of a sample the proxy stopped for running too far behind the
+        policy (`stale: "relaunch"`), or None."""
+        spec = self._batch.spec
+        if spec.stale is not StalePolicy.RELAUNCH or result.status is not RolloutStatus.CANCELLED:
+            return None
+        view = await self._store.rollout(result.rollout_id)
+        if not ended_stale(view.meta, StalePolicy.RELAUNCH):
+            return None
+        self._batch.relaunched += 1
+        return await relaunch(self._store, planned, view, self._rollout_meta())
 
     async def _complete_finished_groups(self) -> None:
         for running in [t for t in self._groups if t.done()]:

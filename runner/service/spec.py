@@ -7,7 +7,7 @@
      "labels": {"step": 12}, "policy_version": "12",
      "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 2048, ...},
      "keep": "all" | "informative", "target_groups": 64,
-     "max_staleness": 1, "stale": "drop" | "flag",
+     "max_staleness": 1, "stale": "drop" | "flag" | "relaunch",
      "concurrency": 16, "pools": {"init": 16, "run": 16, "eval": 16}, "retries": 2,
      "egress": {"mode": "none" | "allowlist" | "intercept", "allow": ["pypi.org"]}}
 
@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import orjson
 
 from rolltap.proxy.sampling import IMPOSABLE
+from rolltap.proxy.staleness import StalePolicy
 from rolltap.runner.egress.rules import valid_pattern
 from rolltap.runner.egress.settings import EgressMode
 from rolltap.runner.tasks import Task, TaskFormatError, load_tasks, parse_jsonl
@@ -73,11 +74,6 @@ class Keep(enum.StrEnum):
     """Deliver every complete group."""
     INFORMATIVE = "informative"
     """Drop groups whose rewards are all equal (no learning signal for GRPO/DAPO)."""
-
-
-class StalePolicy(enum.StrEnum):
-    DROP = "drop"
-    FLAG = "flag"
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,26 @@
-"""`rolltap harness ...`: install and inspect agent harnesses."""
+"""`rolltap harness ...`: install and inspect agent harnesses, and show what rolltap's adapter
+sets for one, to run it against the proxy by hand."""
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 
 import click
 
-from rolltap.runner.harnesses import HarnessError, adapter, adapters, harness_root, install
+from rolltap.runner.harnesses import (
+    HarnessError,
+    Installation,
+    RunContext,
+    adapter,
+    adapters,
+    harness_root,
+    install,
+)
+from rolltap.runner.harnesses.base import base_env
 from rolltap.runner.harnesses.install import read_record
 
 
@@ -56,3 +70,107 @@ def list_command() -> None:
         click.echo(f"{name:<16} {h.dialect:<10} {state:<18} {where}")
         if record is not None and len(record.mounts) > 1:
             click.echo(f"{'':<16} also mounts: {' '.join(record.mounts[1:])}")
+
+
+@harness.command("env")
+@click.argument("name", type=click.Choice(list(adapters())), metavar="NAME")
+@click.option(
+    "--rollout",
+    "key",
+    required=True,
+    metavar="KEY",
+    help="The rollout's key (`key` of POST /admin/rollouts), or a $VARIABLE holding it.",
+)
+@click.option(
+    "--proxy",
+    default="http://127.0.0.1:8100",
+    show_default=True,
+    envvar="ROLLTAP_PROXY",
+    help="The proxy's URL, as the harness reaches it.",
+)
+@click.option(
+    "--model",
+    default="default",
+    show_default=True,
+    help="The model name the harness asks for (a proxy serving one model answers any name).",
+)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write the files the adapter writes for the harness (its config) under this "
+    "directory, and point the harness's HOME there.",
+)
+def env_command(name: str, key: str, proxy: str, model: str, home: Path | None) -> None:
+    """Print, as `export K=V` lines, the environment rolltap's adapter gives NAME for the rollout
+    with this KEY (runner/harnesses/NAME.py): `eval "$(rolltap harness env ...)"`.
+
+    Run the harness in a sandbox (a container, a VM, bubblewrap): it runs the model's commands
+    with your rights. The key is printed as you give it: `--rollout '$KEY'` keeps it out of the
+    output (the lines then read it from $KEY when evaluated).
+    """
+    h = adapter(name)
+    record = read_record(name, harness_root())
+    installed = (
+        record.installation()
+        if record is not None and record.is_current(h)
+        else Installation(name, PurePosixPath("."), PurePosixPath(""))
+    )
+    here = PurePosixPath(Path.cwd())
+    ctx = RunContext(
+        instruction="<task>",
+        rollout_url=f"{proxy.rstrip('/')}/r/{key}",
+        key=key,
+        model=model,
+        workdir=here,
+        home=PurePosixPath((home or Path.home()).absolute()),
+        logs_dir=PurePosixPath("."),
+    )
+    launch = h.launch(ctx, installed)
+    module = h.name.replace("-", "_")
+    click.echo(f"# {name} on the rolltap proxy at {proxy}, set up as runner/harnesses/{module}.py")
+    click.echo("# does. Run it in a sandbox: it runs the model's commands with your rights.")
+    if installed.prefix == PurePosixPath("."):
+        click.echo(f"# not installed by rolltap (`rolltap harness install {name}`): yours is used")
+    # Your PATH and LANG stay; HOME only moves with --home.
+    own = base_env(ctx, installed)
+    for var, value in launch.env.items():
+        if var in own and (var != "HOME" or home is None):
+            continue
+        click.echo(f"export {var}={_shell(value, key)}")
+    for path, content in launch.files.items():
+        if home is None:
+            click.echo(f"# rolltap also writes {path} for it: add --home DIR to write it there")
+            continue
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(_expanded(content, key))
+        click.echo(f"# wrote {path}")
+    click.echo(f"# rolltap starts it as: {shlex.join(launch.argv)}")
+
+
+_REFERENCE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _shell(value: str, key: str) -> str:
+    """`value` in double quotes for a POSIX shell, with the key as it was given: a $VARIABLE
+    expands when the lines are evaluated, anything else is quoted."""
+    given = key if _REFERENCE.fullmatch(key) else _escaped(key)
+    parts = value.split(key) if key else [value]
+    return '"' + given.join(_escaped(part) for part in parts) + '"'
+
+
+def _escaped(text: str) -> str:
+    return re.sub(r'([\\"$`])', r"\\\1", text)
+
+
+def _expanded(content: str, key: str) -> str:
+    """A file's content with a $VARIABLE key replaced by its value: files are not evaluated."""
+    if not _REFERENCE.fullmatch(key):
+        return content
+    variable = key.strip("${}")
+    if variable not in os.environ:
+        raise click.ClickException(
+            f"--rollout {key}: ${variable} is not set, so --home cannot "
+            "write the key into the harness's config"
+        )
+    return content.replace(key, os.environ[variable])

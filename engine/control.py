@@ -9,6 +9,9 @@ what they sampled so far), the prefix cache is emptied, and waiting requests run
 weights. A missing `weight_version` keeps the label, as SGLang does; rolltap always sends one.
 
 `POST /abort_requests` with `{}` (vLLM's dev-mode route) ends every request now with "abort".
+`POST /reset_prefix_cache` (vLLM's dev-mode route) and `POST /flush_cache` (SGLang's) empty the
+prefix cache between two steps, for a trainer that changed the weights some other way; they
+answer `{"success": true}`.
 `GET /get_weight_version` (SGLang) answers `{"weight_version": ...}`; generation routes report
 the label per choice when asked (`return_weight_versions`, vLLM's spans).
 """
@@ -31,6 +34,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
     app.router.add_post("/abort_requests", abort_requests)
     app.router.add_get("/get_weight_version", get_weight_version)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_post("/flush_cache", reset_prefix_cache)
 
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:
@@ -61,6 +66,19 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         paused=outcome.paused,
         aborted=outcome.aborted,
     )
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    engine = ready_engine(request)
+    async with request.app[SLOT].weights_lock:
+        # An update that changes no weight: it runs between two steps and empties the cache.
+        outcome = await _swap(engine.batcher, _unchanged, None, False, True)
+    message = "prefix cache emptied" if outcome.error is None else outcome.error
+    return json_response({"success": outcome.error is None, "message": message})
+
+
+def _unchanged() -> None:
+    """The weights stay as they are."""
 
 
 async def _swap(

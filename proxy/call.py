@@ -31,7 +31,7 @@ from rolltap.proxy.engines import Captured, EngineKind, Prepared, capture_respon
 from rolltap.proxy.exchange import Exchange, now
 from rolltap.proxy.forward import Upstream, open_upstream
 from rolltap.proxy.rollouts import RolloutState
-from rolltap.proxy.sampling import impose
+from rolltap.proxy.sampling import cache_salt, impose
 from rolltap.proxy.sse import DONE, EventSplitter, event_data
 from rolltap.proxy.staleness import hold_bound
 from rolltap.store import CallStatus
@@ -113,7 +113,13 @@ class EngineCall:
         self._route = route
         self._exchange = exchange
         self._rollout = rollout
-        body = impose(body, None if rollout is None else rollout.sampling)
+        self.place = 0
+        """How many engine calls the rollout made before this one (its seed derives from it)."""
+        if rollout is not None:
+            self.place = rollout.dispatched
+            rollout.dispatched += 1
+            if rollout.sampling is not None:
+                body = impose(body, rollout.sampling.for_call(self.place))
         if exchange.served_model is not None:
             body = {**body, "model": exchange.served_model}
         cap = ctx.settings.max_tokens_cap
@@ -196,9 +202,14 @@ class EngineCall:
             return
 
     def _prepare(self, kind: EngineKind) -> Prepared:
+        body = self._body
+        if kind is EngineKind.VLLM and self._ctx.settings.cache_salt:
+            # Dispatched now, under the gate's current version (relay.py entered it).
+            salt = cache_salt(self._exchange.weight_version, body.get("cache_salt"))
+            body = {**body, "cache_salt": salt}
         if self._route is not None:
-            return self._route.prepare(self._body, kind)
-        return prepare_chat(self._body, kind)
+            return self._route.prepare(body, kind)
+        return prepare_chat(body, kind)
 
     async def read_body(self) -> tuple[bytes, dict[str, Any]]:
         """The whole non-streaming answer, captured."""
@@ -326,6 +337,10 @@ class EngineCall:
         self._continuation = resume.continuation_request(self.prepared.body, prompt, partial)
         exchange.weight_version = await self._ctx.gate.wait_out()
         await hold_bound(self._ctx, self._rollout)  # the continuation goes to an engine too
+        if "cache_salt" in self._continuation:
+            # Continued on the new weights: none of the old version's cache may serve it.
+            own = self._body.get("cache_salt")
+            self._continuation["cache_salt"] = cache_salt(exchange.weight_version, own)
 
     async def _continue_open(self, *, stream: bool) -> None:
         settings = self._ctx.settings

@@ -67,6 +67,9 @@ class ProxySettings:
     cut by the cap as ended normally (proxy/translated.py). None: no cap."""
     token_in: TokenInOptions = field(default_factory=TokenInOptions)
     """Token-in mode and its parsers (proxy/tokenin)."""
+    cache_salt: bool = True
+    """Salt each vLLM-dialect call's prefix cache with its weight version (proxy/sampling.py);
+    off, a commit resets those engines' prefix caches instead (proxy/weights.py)."""
 
 
 @dataclass

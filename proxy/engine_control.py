@@ -5,6 +5,12 @@ token-in: vLLM's dialect (vLLM in dev mode, rolltap's built-in engine), `POST /a
 {}`. Calls on other backends are drained instead. Loading weights: `POST
 /update_weights_from_disk` with SGLang's body, which SGLang and rolltap's engine serve. A plain
 OpenAI-compatible server has neither: its weights are the operator's business.
+
+Emptying prefix caches at a commit (whoever loaded the weights): SGLang takes no salt, so it
+is always flushed (`POST /flush_cache`); a vLLM-dialect engine is reset (`POST
+/reset_prefix_cache`, vLLM's dev-mode route, which rolltap's engine serves too) only when its
+calls are not salted with their version (proxy/sampling.py). vLLM may answer that route 200 with
+`{"success": false}` when it refuses; that counts as a failure.
 """
 
 from __future__ import annotations
@@ -63,6 +69,24 @@ async def load_weights(
     return list(await asyncio.gather(*(one(b) for b in backends)))
 
 
+_FLUSH: dict[EngineKind, str] = {
+    EngineKind.SGLANG: "/flush_cache",
+    EngineKind.VLLM: "/reset_prefix_cache",
+}
+
+
+async def flush_prefix_caches(
+    session: aiohttp.ClientSession, backends: list[Backend], *, salted: bool, timeout: float = 60.0
+) -> list[ControlResult]:
+    """Empty the prefix cache of every backend whose cache could serve K/V of the old weights
+    (`salted`: vLLM-dialect calls carry a per-version salt, so theirs cannot); one result per
+    backend asked."""
+    asked = [b for b in backends if b.kind in _FLUSH and not (salted and b.kind is EngineKind.VLLM)]
+    return list(
+        await asyncio.gather(*(_post(session, b, _FLUSH[b.kind], {}, timeout) for b in asked))
+    )
+
+
 async def _post(
     session: aiohttp.ClientSession,
     backend: Backend,
@@ -84,7 +108,18 @@ async def _post(
     detail = _message(raw) or f"HTTP {status}"
     if status != 200:
         return ControlResult(backend.url, False, f"{path}: HTTP {status}: {detail}")
+    if _refused(raw):
+        return ControlResult(backend.url, False, f"{path}: refused: {detail or 'success false'}")
     return ControlResult(backend.url, True, detail)
+
+
+def _refused(raw: bytes) -> bool:
+    """A 200 answer that says it did not do it (`{"success": false}`)."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and doc.get("success") is False
 
 
 def _message(raw: bytes) -> str:

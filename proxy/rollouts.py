@@ -24,7 +24,7 @@ from aiohttp import web
 from rolltap.proxy.budget import Budget
 from rolltap.proxy.errors import Forbidden, Unauthorized
 from rolltap.proxy.routing import StickyRouter
-from rolltap.proxy.sampling import rollout_sampling
+from rolltap.proxy.sampling import Sampling, rollout_sampling
 from rolltap.proxy.staleness import StaleBound, rollout_bound, stale_mark
 from rolltap.proxy.tokenin.lineage import Lineages
 from rolltap.store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
@@ -48,8 +48,11 @@ class RolloutState:
     """Request body hash -> (call id, status) of this process's recent calls, for retries."""
     revoked: bool = False
     """The harness ended: every later call is refused."""
-    sampling: dict[str, Any] | None = None
-    """Sampling options the rollout's batch imposes on every call (proxy/sampling.py)."""
+    sampling: Sampling | None = None
+    """What the rollout's batch imposes on every call, seeds included (proxy/sampling.py)."""
+    dispatched: int = 0
+    """Engine calls of the rollout so far (the store's count when this process first saw it,
+    then this process's): a call's place, from which its derived seed follows."""
     token_in: bool | None = None
     """The rollout's own choice of token-in mode (`token_in` in its metadata); None: the
     proxy's default."""
@@ -173,7 +176,8 @@ class Rollouts:
                 budget,
                 now,
                 calls_before=view.n_calls,
-                sampling=rollout_sampling(view.meta),
+                sampling=rollout_sampling(view.meta, view.task_id, view.sample_index, view.attempt),
+                dispatched=counted,
                 token_in=_token_in(view.meta),
                 stale_bound=rollout_bound(view.meta),
                 stale_marked=stale_mark(view.meta) is not None,

@@ -11,8 +11,12 @@ answers once the calls in flight finished on the old weights (or `timeout` passe
 running requests now; each such call is recorded with what it sampled and its version, then
 continued on the new weights after the commit, and its client sees one uninterrupted answer.
 `commit` optionally loads `model_path` into every backend (`update_weights_from_disk`, with the
-new version as the engines' label), then reopens under `version`; if any backend fails to load,
-nothing reopens and the answer lists each backend's result. `cancel` reopens on the old version.
+new version as the engines' label), then empties the prefix caches that could still hold K/V of
+the old weights (every SGLang backend; vLLM-dialect ones only with `serve --no-cache-salt`,
+since their calls are otherwise salted per version: proxy/sampling.py), whether or not
+`model_path` was given: a trainer that pushed the weights itself gets the same guarantee. Then
+it reopens under `version`; if any backend fails to load or to flush, nothing reopens and the
+answer lists each backend's result. `cancel` reopens on the old version.
 With a `lease` (seconds), an update neither committed nor cancelled by then is cancelled, so a
 trainer that dies mid-update does not hold every harness for ever.
 """
@@ -121,6 +125,19 @@ async def commit(request: web.Request) -> web.Response:
                 "code": "weight_load_failed",
             }
             return respond({"error": error, "backends": loaded}, status=502)
+    flushed = await engine_control.flush_prefix_caches(
+        ctx.client(), ctx.pool.all(), salted=ctx.settings.cache_salt
+    )
+    loaded += [r.as_dict() for r in flushed]
+    if not all(r.ok for r in flushed):
+        # Reopening now would let calls read K/V of the old weights.
+        unflushed = {
+            "message": "not every backend emptied its prefix cache; dispatching stays held",
+            "type": "upstream_error",
+            "param": None,
+            "code": "cache_flush_failed",
+        }
+        return respond({"error": unflushed, "backends": loaded}, status=502)
     held = await replicated.commit(ctx, version)
     return respond({**weights_json(ctx), "held_seconds": held, "backends": loaded})
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from rolltap.proxy.answer import live_answer
 from rolltap.proxy.replay import VERSION, Cassette
+from rolltap.proxy.sampling import SEED_FROM
 from rolltap.runner.batch import run_batch
 from rolltap.runner.harnesses import adapter
 from rolltap.runner.provenance import harness_version, task_hash
@@ -42,6 +43,20 @@ from rolltap.store.url import DatabaseURL
 
 _HARNESS_FROM = {"host": "host", "image": "image"}
 """meta.run.adapter.installed_from -> run_batch's harness_from (a built-in harness: auto)."""
+
+
+def _sampling_of(original: RolloutView) -> dict[str, Any]:
+    """The original's imposed sampling, its seeds derived from the original's identity: a call
+    that goes live (continue-live) samples with the seed the original's call at its place had."""
+    sampling = original.meta.get("sampling")
+    if not isinstance(sampling, dict):
+        return {}
+    origin = {
+        "task": original.task_id or "",
+        "sample": original.sample_index or 0,
+        "attempt": original.attempt,
+    }
+    return {"sampling": sampling, SEED_FROM: origin}
 
 
 class ReplayError(Exception):
@@ -124,7 +139,7 @@ async def replay_rollout(
             engine_model=engine_model,
             sandbox_image=_sandbox_image(run, task, kind),
             logs_root=logs_root,
-            meta={REPLAY_OF: original.id},
+            meta={REPLAY_OF: original.id, **_sampling_of(original)},
             replay=cassette,
             say=say,
         )

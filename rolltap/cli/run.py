@@ -140,6 +140,15 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     "offers the `sandbox` resource, its sandbox and proxy there; the store must be PostgreSQL "
     "and --backend reachable from every node. auto: the cluster this machine belongs to.",
 )
+@click.option(
+    "--sampling",
+    "sampling_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Impose a sampling option on every engine call of the batch (repeatable): "
+    "temperature, top_p, top_k, min_p, max_tokens, seed, presence_penalty, frequency_penalty, "
+    "repetition_penalty. A seed is derived per sample and call (README, Train on it).",
+)
 @token_in_options
 @db_option
 def run(
@@ -168,11 +177,15 @@ def run(
     allow_hosts: tuple[str, ...],
     egress_config: Path | None,
     ray_address: str | None,
+    sampling_pairs: tuple[str, ...],
     token_in: TokenInOptions,
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
     from rolltap.runner.egress import load_settings
+
+    sampling = _sampling(sampling_pairs)
+    meta: dict[str, Any] | None = {"sampling": sampling} if sampling else None
 
     egress_settings = load_settings(egress, allow_hosts, egress_config)
     backends = tuple(checked_backends(backends))
@@ -209,6 +222,7 @@ def run(
             retries=retries,
             sandbox_image=sandbox_image,
             token_in=token_in,
+            meta=meta,
         )
         report(console, result, db_url)
         if harness == ORACLE:
@@ -241,6 +255,7 @@ def run(
             harness_from=harness_from,
             egress=egress_settings,
             token_in=token_in,
+            meta=meta,
             progress=progress,
             say=say,
         ),
@@ -301,6 +316,26 @@ def _on_ray(
         )
     except (ValueError, NoSandboxNodes, ConnectionError) as e:
         raise click.ClickException(str(e)) from None
+
+
+def _sampling(pairs: tuple[str, ...]) -> dict[str, float | int]:
+    """--sampling KEY=VALUE pairs, checked as the rollout service checks a batch's."""
+    from rolltap.runner.service.spec import SpecError, parse_sampling
+
+    given: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r}: give KEY=VALUE", param_hint="--sampling")
+        try:
+            given[key.strip()] = float(value)
+        except ValueError:
+            why = f"{pair!r}: VALUE must be a number"
+            raise click.BadParameter(why, param_hint="--sampling") from None
+    try:
+        return parse_sampling(given)
+    except SpecError as e:
+        raise click.BadParameter(str(e), param_hint="--sampling") from None
 
 
 def _select(tasks: Path, ids: tuple[str, ...]) -> list[Task]:

@@ -73,6 +73,13 @@ from rolltap.store.url import resolve_url
 @engine_arg_option
 @click.option("--weight-version", help="Weight version recorded until /admin/resume sets one.")
 @click.option(
+    "--no-cache-salt",
+    "no_cache_salt",
+    is_flag=True,
+    help="Send vLLM-dialect calls no per-version cache_salt; each weight commit resets their "
+    "prefix caches instead (POST /reset_prefix_cache, vLLM's dev-mode route).",
+)
+@click.option(
     "--runner",
     is_flag=True,
     help="Also serve the rollout service (/v1/batches): trainers submit batches and receive "
@@ -143,6 +150,7 @@ def serve(
     device: str,
     engine_args: tuple[str, ...],
     weight_version: str | None,
+    no_cache_salt: bool,
     runner: bool,
     runner_sandboxes: str,
     runner_concurrency: int,
@@ -175,6 +183,7 @@ def serve(
         secret=secret,
         workers=workers,
         token_in=token_in,
+        cache_salt=not no_cache_salt,
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
     if runner_ray is not None and not runner:

@@ -164,7 +164,7 @@ def parse_spec(body: Mapping[str, Any], limits: ServiceLimits) -> BatchSpec:
         budgets=_budgets(body.get("budgets")),
         labels=_mapping(body, "labels"),
         policy_version=_version(body.get("policy_version")),
-        sampling=_sampling(body.get("sampling")),
+        sampling=parse_sampling(body.get("sampling")),
         keep=keep,
         target_groups=target,
         max_staleness=_count(body, "max_staleness", 0, 1_000_000),
@@ -242,7 +242,8 @@ def _budgets(value: object) -> Budgets:
     )
 
 
-def _sampling(value: object) -> dict[str, float | int]:
+def parse_sampling(value: object) -> dict[str, float | int]:
+    """A batch's `sampling` checked against what the proxy can impose (SpecError if not)."""
     if value is None:
         return {}
     if not isinstance(value, dict):

@@ -294,7 +294,13 @@ async def test_claude_code_request_shape(store: Store) -> None:
             },
             {"role": "system", "content": "# Environment\ncwd: /work"},
         ]
-        sent = set(chat) - {"logprobs", "top_logprobs", "stream_options", "return_token_ids"}
+        sent = set(chat) - {
+            "logprobs",
+            "top_logprobs",
+            "stream_options",
+            "return_token_ids",
+            "cache_salt",
+        }
         assert sent == {"model", "messages", "stream", "max_tokens", "tools"}
         frames = [f.split("\n") for f in text.strip().split("\n\n")]
         names = [f[0].removeprefix("event: ") for f in frames]

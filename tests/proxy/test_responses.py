@@ -281,7 +281,7 @@ async def test_codex_request_shape(store: Store, sdk: OpenAIFactory) -> None:
             "exec_command",
             "mcp__docs__search",
         ]
-        extras = {"logprobs", "top_logprobs", "stream_options", "return_token_ids"}
+        extras = {"logprobs", "top_logprobs", "stream_options", "return_token_ids", "cache_salt"}
         assert set(chat) - extras == {
             "model",
             "messages",

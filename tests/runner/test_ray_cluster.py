@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import orjson
 import psutil
 import pytest
 
+from rolltap.proxy.sampling import derived_seed
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.runner.cluster.batch import run_batch_on_ray
 from rolltap.runner.cluster.node import NODE
@@ -131,11 +133,25 @@ async def test_the_rollout_service_runs_its_batches_on_the_cluster(world: RayWor
         async with running_service(
             store, world.engine.url, logs=world.tmp / "service", ray_address=world.cluster.address
         ) as service:
-            batch = await service.client.submit(tasks, harness="single-call", samples_per_task=2)
+            batch = await service.client.submit(
+                tasks, harness="single-call", samples_per_task=2, sampling={"seed": 5}
+            )
             groups = [g async for g in service.client.groups(batch.id)]
         views = await store.rollouts(batch=batch.id)
+        sent = {
+            (v.task_id, v.sample_index): orjson.loads(
+                (await store.call_bodies(c.id)).engine_request or b"{}"
+            )
+            for v in views
+            for c in await store.calls(v.id)
+        }
     finally:
         await store.close()
+    # Each node's proxy derived the batch seed per sample and salted the call with its version.
+    assert {k: body["seed"] for k, body in sent.items()} == {
+        (t, n): derived_seed(5, t, n, 0, 0) for t in ("sa", "sb") for n in range(2)
+    }
+    assert all(body["cache_salt"].startswith("rolltap-w:") for body in sent.values())
     assert sorted(g.task_id for g in groups) == ["sa", "sb"]
     assert all(s.status == "succeeded" for g in groups for s in g.samples)
     assert len(views) == 4

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from rolltap.client import Batch, Dropped, Group, ServiceError
+from rolltap.proxy.sampling import derived_seed
 from rolltap.store import RolloutStatus, Store
 from tests.support.fake_vllm import FakeVLLM, Reply, decode
 from tests.support.proxy import fake_engine
@@ -58,7 +59,7 @@ async def test_a_batch_through_the_api_delivers_every_group_with_its_trajectorie
             samples_per_task=3,
             labels={"step": 4},
             policy_version="4",
-            sampling={"temperature": 0.7, "max_tokens": 8},
+            sampling={"temperature": 0.7, "max_tokens": 8, "seed": 11},
         )
         assert (batch.created, batch.status) == (True, "running")
         events = [e async for e in service.client.events(batch.id)]
@@ -94,6 +95,12 @@ async def test_a_batch_through_the_api_delivers_every_group_with_its_trajectorie
     engine_requests = [body for _, _, body in engine.fake.requests]
     assert len(engine_requests) == 6
     assert all((r["temperature"], r["max_tokens"]) == (0.7, 8) for r in engine_requests)
+    # The batch seed, derived per sample: every sample of a group is its own draw.
+    assert sorted(r["seed"] for r in engine_requests) == sorted(
+        derived_seed(11, task, sample, 0, 0)
+        for task in ("say-no", "say-yes")
+        for sample in range(3)
+    )
     data = status.data
     assert data["status"] == "done"
     assert data["rollouts"] == {"total": 6, "by_status": {"succeeded": 6}}

@@ -156,6 +156,10 @@ class FakeVLLM:
     """Bodies of POST /update_weights_from_disk, in order."""
     refuse_weights: str | None = None
     """Answer weight updates with this failure message (HTTP 400, SGLang's shape)."""
+    cache_resets: list[str] = field(default_factory=list)
+    """Paths of the prefix-cache resets asked for (/flush_cache, /reset_prefix_cache), in order."""
+    refuse_cache_reset: bool = False
+    """Answer them as vLLM does when it cannot reset: 200 with `{"success": false}`."""
     aborts: int = 0
     """POST /abort_requests so far: answers running then end at once with finish_reason abort."""
     planned: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
@@ -193,6 +197,8 @@ class FakeVLLM:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/update_weights_from_disk", self.update_weights)
         app.router.add_post("/abort_requests", self.abort_requests)
+        app.router.add_post("/flush_cache", self.reset_cache)  # SGLang's
+        app.router.add_post("/reset_prefix_cache", self.reset_cache)  # vLLM's dev-mode route
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/tokenize", self.tokenize)
@@ -212,6 +218,11 @@ class FakeVLLM:
             self.weight_version = str(body["weight_version"])
         answer = {"success": True, "message": "loaded", "num_paused_requests": 0}
         return web.json_response({**answer, "weight_version": self.weight_version})
+
+    async def reset_cache(self, request: web.Request) -> web.Response:
+        """SGLang's /flush_cache or vLLM's /reset_prefix_cache (this fake caches nothing)."""
+        self.cache_resets.append(request.path)
+        return web.json_response({"success": not self.refuse_cache_reset})
 
     async def abort_requests(self, request: web.Request) -> web.Response:
         """vLLM's dev-mode abort-all: every answer being generated ends now with "abort"."""

@@ -4,7 +4,9 @@ Evidence is weighed in this order:
 
 1. Messages. The parent call's conversation (its request plus the answer it returned) is compared
    with the request that broke the chain. A message the harness dropped, inserted or changed is
-   `history_edited`; an assistant turn that lost or gained its reasoning is `reasoning_stripped` /
+   `history_edited`, except the answer itself left out of the next request with new messages in
+   its place, which is `answer_dropped` (the harness rejected it; token-in mode names the same
+   event so); an assistant turn that lost or gained its reasoning is `reasoning_stripped` /
    `reasoning_inserted`; tool-call arguments that differ as text but not as JSON are
    `tool_args_reserialized`. Used when the first changed message is at or before the place where
    the ids diverge (otherwise the ids broke first, for some other reason).
@@ -281,6 +283,8 @@ def first_difference(before: list[Turn], after: list[Turn]) -> tuple[int, DriftC
         new = after[i]
         if old == new:
             continue
+        if _answer_dropped(before[i:], after[i:]):
+            return i, DriftClass.ANSWER_DROPPED, f"the answer at {i} was left out and asked again"
         if old.role == "assistant" and new.role == "assistant":
             return i, *_assistant_change(old, new)
         if old in after[i + 1 :]:
@@ -289,6 +293,14 @@ def first_difference(before: list[Turn], after: list[Turn]) -> tuple[int, DriftC
             return i, DriftClass.HISTORY_EDITED, f"the {old.role} message at {i} was dropped"
         return i, DriftClass.HISTORY_EDITED, f"the {old.role} message at {i} was changed"
     return None
+
+
+def _answer_dropped(rest: list[Turn], after: list[Turn]) -> bool:
+    """`rest` is only the parent's answer (assistant turns at the end of the conversation), and
+    the next request has none of it, going on with other messages in its place."""
+    if not all(turn.role == "assistant" for turn in rest):
+        return False
+    return bool(after) and after[0].role != "assistant" and not any(t in after for t in rest)
 
 
 def _assistant_change(old: Turn, new: Turn) -> tuple[DriftClass, str]:

@@ -273,6 +273,9 @@ class DriftClass(enum.StrEnum):
     """The same tool-call arguments came back serialised differently."""
     HISTORY_EDITED = "history_edited"
     """The harness dropped, inserted or changed messages (compaction, reminders, truncation)."""
+    ANSWER_DROPPED = "answer_dropped"
+    """The harness asked again without the answer it got (it rejected it: a format error, no
+    tool call): the name token-in mode gives the same event (store/bridging.py)."""
     TEMPLATE_GLUE = "template_glue"
     """The template rendered the same messages differently: separators, whitespace, specials."""
     TEXT_ONLY = "text_only"

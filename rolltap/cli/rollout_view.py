@@ -63,9 +63,8 @@ def _bridging(console: Console, calls: list[CallView]) -> None:
     if bridging is not None:
         rate = bridging.bridge_break_rate
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(bridging.outcomes.items()))
-        console.print(
-            f"  token-in  bridge_break_rate {'-' if rate is None else f'{rate:.2f}'}  ({outcomes})"
-        )
+        shown = "- (no call continued a conversation)" if rate is None else f"{rate:.2f}"
+        console.print(f"  token-in  bridge_break_rate {shown}  ({outcomes})")
 
 
 def _outcome(console: Console, r: RolloutView) -> None:

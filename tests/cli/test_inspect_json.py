@@ -191,3 +191,23 @@ def test_show_lists_egress_requests_in_text_and_json(tmp_path: Path) -> None:
         "response_bytes": 5000,
         "at": "2026-11-23T12:00:01+00:00",
     }
+
+
+def test_show_says_what_a_missing_bridge_break_rate_means(tmp_path: Path) -> None:
+    """A token-in rollout whose calls all began conversations has no rate: `rolltap show` says
+    why instead of a bare dash."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+
+    async def make() -> str:
+        async with await Store.connect(url) as store:
+            rollout = (await store.create_rollout(NewRollout(task_id="by-hand"))).id
+            await store.append_call(call(rollout, [1, 2, 3], [4, 5], bridge="first_turn"))
+            await store.append_call(call(rollout, [1, 2, 6], [7], bridge="answer_dropped"))
+            return rollout
+
+    rollout = asyncio.run(make())
+    shown = CliRunner().invoke(cli, ["show", rollout, "--db", url], terminal_width=200)
+
+    assert shown.exit_code == 0, shown.output
+    assert "bridge_break_rate - (no call continued a conversation)" in shown.output
+    assert "answer_dropped 1, first_turn 1" in shown.output

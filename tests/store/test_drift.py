@@ -226,6 +226,31 @@ async def test_compaction_drops_history(store: Store, smollm2: Renderer) -> None
     assert built.trajectories[0].lost_tokens == len(sampled)
 
 
+async def test_a_rejected_answer_asked_again_is_answer_dropped(
+    store: Store, smollm2: Renderer
+) -> None:
+    """mini-swe-agent leaves an answer without an action out and asks again: normal mode names
+    it as token-in mode does (`answer_dropped`), not `history_edited`."""
+    sampled = smollm2.ids("I think the weather is nice.<|im_end|>")
+    asked_again = [
+        SYSTEM,
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "user", "content": "Format error: no tool call found. Try again."},
+    ]
+    rec = await _broken_rollout(
+        store, smollm2, sampled, {"content": "I think the weather is nice."}, history=asked_again
+    )
+
+    built = await store.rollout_trajectories(rec.rollout_id)
+
+    assert _break(built) == (DriftClass.ANSWER_DROPPED, "messages")
+    assert built.faithfulness.breaks == {"answer_dropped": 1}
+    link = built.trajectories[1].link
+    assert link is not None and link.drift is not None
+    assert link.drift.message_index == 2
+    assert "left out and asked again" in link.drift.note
+
+
 async def test_reminder_injection_edits_history(store: Store, smollm2: Renderer) -> None:
     sampled = smollm2.ids("It is sunny in Paris.<|im_end|>")
     answer = {"content": "It is sunny in Paris."}

@@ -83,3 +83,56 @@ def tokenizer_option(f: F) -> F:
         help="A local tokenizer folder or .gguf file: drift is then also judged on decoded "
         "text, and breaks show it.",
     )(f)
+
+
+def config_option(f: F) -> F:
+    """--config FILE: a TOML file whose keys are the command's flags (dashes or underscores), read
+    before any flag as click's default_map, so every flag is covered and the command line (and a
+    ROLLTAP_* variable) overrides the file. TOML only: tomllib is in the standard library, and
+    rolltap depends on no YAML parser."""
+    return click.option(
+        "--config",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        is_eager=True,
+        expose_value=False,
+        callback=_read_config,
+        metavar="FILE",
+        help='TOML file of this command\'s flags, e.g. `port = 8100`, `backend = ["URL"]`, '
+        "`open = true`; flags given on the command line override it.",
+    )(f)
+
+
+def _read_config(ctx: click.Context, param: click.Parameter, path: Path | None) -> None:
+    import difflib
+    import tomllib
+
+    if path is None:
+        return
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise click.ClickException(f"--config {path}: {e}") from None
+    flags: dict[str, click.Option] = {}
+    for p in ctx.command.params:
+        if p is not param and isinstance(p, click.Option):
+            flags.update((o.lstrip("-").replace("-", "_"), p) for o in p.opts if o[:2] == "--")
+    defaults: dict[str, Any] = {}
+    for key, value in data.items():
+        flag = flags.get(key.replace("-", "_"))
+        if flag is None or flag.name is None:
+            known = sorted(k.replace("_", "-") for k in flags)
+            close = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise click.ClickException(
+                f"--config {path}: unknown key {key!r}; {hint}the keys are the flags of "
+                f"`{ctx.command_path} --help`"
+            )
+        if isinstance(value, dict):
+            raise click.ClickException(f"--config {path}: {key} is a table, not a flag's value")
+        if flag.multiple and not isinstance(value, list):
+            value = [value]
+        try:
+            defaults[flag.name] = flag.type_cast_value(ctx, value)
+        except click.BadParameter as e:
+            raise click.ClickException(f"--config {path}: {key} = {value!r}: {e.message}") from None
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}

@@ -14,6 +14,7 @@ import click
 from rolltap.cli.options import (
     check_port,
     checked_backends,
+    config_option,
     db_option,
     engine_arg_option,
     max_tokens_cap_option,
@@ -32,6 +33,7 @@ from rolltap.store.url import resolve_url
 
 
 @click.command()
+@config_option
 @click.option(
     "--backend",
     "backends",

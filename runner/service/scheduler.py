@@ -142,7 +142,11 @@ class Scheduler:
     async def _run_one(self, group: _Group, planned: Planned) -> RolloutResult:
         try:
             result = await self._executor.run(planned)
-            while (again := await self._relaunch(planned, result)) is not None:
+            # Past the cap, a sample stopped again is kept as it ended (cancelled, marked stale).
+            for _ in range(self._batch.spec.max_relaunches):
+                again = await self._relaunch(planned, result)
+                if again is None:
+                    break
                 group.rollout_ids[planned.sample_index] = again.rollout_id
                 planned = again
                 result = await self._executor.run(planned)

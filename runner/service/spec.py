@@ -7,7 +7,7 @@
      "labels": {"step": 12}, "policy_version": "12",
      "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 2048, ...},
      "keep": "all" | "informative", "target_groups": 64,
-     "max_staleness": 1, "stale": "drop" | "flag" | "relaunch",
+     "max_staleness": 1, "stale": "drop" | "flag" | "relaunch", "max_relaunches": 2,
      "concurrency": 16, "pools": {"init": 16, "run": 16, "eval": 16}, "retries": 2,
      "egress": {"mode": "none" | "allowlist" | "intercept", "allow": ["pypi.org"]}}
 
@@ -49,6 +49,7 @@ _FIELDS = {
     "target_groups",
     "max_staleness",
     "stale",
+    "max_relaunches",
     "concurrency",
     "pools",
     "retries",
@@ -121,6 +122,10 @@ class BatchSpec:
     target_groups: int | None = None
     max_staleness: int | None = None
     stale: StalePolicy = StalePolicy.DROP
+    max_relaunches: int = 2
+    """`stale: "relaunch"` runs a sample again at most this often; a sample stopped once more
+    is kept as it ended (cancelled, marked stale), so a trainer updating faster than a rollout
+    can finish within the bound does not relaunch it for ever."""
     concurrency: int = 8
     pools: PoolSizes | None = None
     retries: int = 2
@@ -169,6 +174,9 @@ def parse_spec(body: Mapping[str, Any], limits: ServiceLimits) -> BatchSpec:
         target_groups=target,
         max_staleness=_count(body, "max_staleness", 0, 1_000_000),
         stale=_enum(body, "stale", StalePolicy, StalePolicy.DROP),
+        max_relaunches=_count(body, "max_relaunches", 0, 100) or 0
+        if body.get("max_relaunches") is not None
+        else BatchSpec.max_relaunches,
         concurrency=concurrency,
         pools=_pools(body.get("pools"), limits),
         retries=2 if body.get("retries") is None else _count(body, "retries", 0, 10) or 0,
@@ -362,6 +370,7 @@ def describe(spec: BatchSpec) -> dict[str, Any]:
         "target_groups": spec.target_groups,
         "max_staleness": spec.max_staleness,
         "stale": spec.stale.value,
+        "max_relaunches": spec.max_relaunches,
         "concurrency": spec.concurrency,
         "pools": None
         if spec.pools is None

@@ -264,6 +264,41 @@ async def test_relaunch_stops_the_attempt_and_runs_the_sample_again_on_the_new_w
     assert sum(1 for path, _, _ in fake.requests if path.endswith("/completions")) == 10
 
 
+async def test_a_sample_is_relaunched_at_most_max_relaunches_times(
+    store: Store, tmp_path: Path
+) -> None:
+    """A trainer that updates faster than a rollout can finish within the bound must not
+    relaunch a sample for ever: past `max_relaunches` it is kept as it ended."""
+    fake = _engine()
+    async with (
+        fake_engine(fake) as engine,
+        running_service(
+            store,
+            engine.url,
+            logs=tmp_path / "logs",
+            scripts={"three-turns": THREE_TURNS},
+            weight_version="1",
+        ) as service,
+    ):
+        batch = await service.client.submit(
+            _task("go"),
+            harness="three-turns",
+            samples_per_task=2,
+            max_staleness=0,
+            stale="relaunch",
+            max_relaunches=0,
+        )
+        await _mid_answer_update(service, fake, 2)
+        (group,) = [g async for g in service.client.groups(batch.id)]
+        summary = (await service.client.batch(batch.id)).data
+
+    views = await store.rollouts(batch=batch.id)
+    assert [(v.attempt, v.status) for v in views] == [(0, RolloutStatus.CANCELLED)] * 2
+    assert all(v.meta["stale"]["action"] == "relaunch" for v in views)
+    assert all(s.stale for s in group.samples)
+    assert summary["relaunched_rollouts"] == 0
+
+
 async def test_an_unknown_stale_policy_is_refused_naming_the_choices(
     store: Store, tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolltap.proxy import replicated
+from rolltap.proxy import replicated, routed
 from rolltap.proxy.backends import parse_backend
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, NotFoundError, ProxyError, Unauthorized
@@ -136,6 +136,13 @@ async def create_rollout(request: web.Request) -> web.Response:
     token_in = body.pop("token_in", None)
     if token_in is not None and not isinstance(token_in, bool):
         raise BadRequest("'token_in' must be a boolean", param="token_in")
+    routed_experts = body.pop("routed_experts", None)
+    if routed_experts is not None and not isinstance(routed_experts, bool):
+        raise BadRequest("'routed_experts' must be a boolean", param="routed_experts")
+    if routed_experts:
+        reason = routed.refusal((b.kind for b in ctx.pool.all()), ctx.settings.builtin_engine)
+        if reason is not None:
+            raise BadRequest(reason, param="routed_experts")
     for key, value in body.items():
         expected = _NEW_ROLLOUT_FIELDS.get(key)
         if expected is None:
@@ -146,6 +153,8 @@ async def create_rollout(request: web.Request) -> web.Response:
     if token_in is not None:
         # Kept with the rollout, so any proxy serving it (or this one after a restart) knows.
         fields["meta"] = {**(fields.get("meta") or {}), "token_in": token_in}
+    if routed_experts is not None:
+        fields["meta"] = {**(fields.get("meta") or {}), "routed_experts": routed_experts}
     try:
         created = await ctx.store.create_rollout(NewRollout(**fields))
     except Exception as e:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from rolltap.proxy import resume
+from rolltap.proxy import resume, routed
 from rolltap.proxy.context import ProxyContext
 from rolltap.proxy.engines import Captured, EngineKind, Prepared, capture_response, prepare_chat
 from rolltap.proxy.exchange import Exchange, now
@@ -208,8 +208,10 @@ class EngineCall:
             salt = cache_salt(self._exchange.weight_version, body.get("cache_salt"))
             body = {**body, "cache_salt": salt}
         if self._route is not None:
-            return self._route.prepare(body, kind)
-        return prepare_chat(body, kind)
+            prepared = self._route.prepare(body, kind)
+        else:
+            prepared = prepare_chat(body, kind)
+        return routed.ask(prepared, kind) if self._exchange.routed_experts else prepared
 
     async def read_body(self) -> tuple[bytes, dict[str, Any]]:
         """The whole non-streaming answer, captured."""

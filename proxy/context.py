@@ -70,6 +70,11 @@ class ProxySettings:
     cache_salt: bool = True
     """Salt each vLLM-dialect call's prefix cache with its weight version (proxy/sampling.py);
     off, a commit resets those engines' prefix caches instead (proxy/weights.py)."""
+    capture_routed_experts: bool = False
+    """Ask the engine for each token's routed experts (MoE routing replay; proxy/routed.py) on
+    every call whose rollout does not choose (`routed_experts` in its metadata)."""
+    builtin_engine: bool = False
+    """The backend is the built-in engine this process started (a dense model)."""
 
 
 @dataclass

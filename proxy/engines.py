@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from rolltap.proxy import routed
 from rolltap.proxy.strip import Extras
 
 
@@ -83,6 +84,8 @@ class Captured:
     prompt_ids: list[int] | None = None
     choices: dict[int, ChoiceCapture] = field(default_factory=dict)
     weight_version: str | None = None
+    routing: dict[int, routed.RawRouting] = field(default_factory=dict)
+    """Each choice's routed experts as the engine sent them (proxy/routed.py)."""
 
     def choice(self, index: int) -> ChoiceCapture:
         found = self.choices.get(index)
@@ -93,6 +96,8 @@ class Captured:
 
 def capture_response(doc: dict[str, Any], captured: Captured) -> None:
     """Collect ids/logprobs from a non-streaming response or one streaming chunk."""
+    for index, raw in routed.found(doc):
+        captured.routing[index] = raw
     if isinstance(doc.get("prompt_token_ids"), list):
         captured.prompt_ids = doc["prompt_token_ids"]
     sglext = doc.get("sglext")

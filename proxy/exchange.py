@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rolltap.proxy import routed
 from rolltap.proxy.engines import Captured
 from rolltap.proxy.errors import ProxyError
 from rolltap.store import (
@@ -70,6 +71,8 @@ class Exchange:
     token_allowance: int | None = None
     """The most tokens each choice may generate under the rollout's token budget (set at
     admission, proxy/budget.py); the engine's request is lowered to it."""
+    routed_experts: bool = False
+    """The engine is asked for each token's routed experts (proxy/routed.py)."""
 
     @functools.cached_property
     def body_hash(self) -> str | None:
@@ -99,6 +102,7 @@ class Exchange:
             prompt, choices, capture = self._tokens()
         except (ValueError, TypeError) as e:
             raise InvalidTokens(f"engine token data unreadable: {type(e).__name__}: {e}") from e
+        routing = self._routing(prompt, choices) if capture is Capture.TOKENS else {}
         reported = self.captured.weight_version
         if self.weight_version and reported and reported != self.weight_version:
             # The proxy's version is recorded; the engine saying otherwise must not go unseen.
@@ -132,6 +136,8 @@ class Exchange:
             lineage=self.lineage,
             prompt_ids=prompt,
             choices=choices,
+            routed_experts=routing,
+            routed_source=next((r.source.value for r in self.captured.routing.values()), None),
             request_body=self.raw_body,
             engine_request=self.engine_request,
             response_body=self.response_body,
@@ -163,6 +169,33 @@ class Exchange:
             # No dtype: ids that are not integers keep their own type and the store refuses them.
             choices.append(ChoiceRecord(index, np.asarray(c.token_ids), logprobs, c.finish_reason))
         return np.asarray(captured.prompt_ids), choices, Capture.TOKENS
+
+    def _routing(self, prompt: Any, choices: list[ChoiceRecord]) -> dict[int, Any]:
+        """Each choice's routed experts, decoded and packed; what could not be is noted."""
+        if not self.routed_experts:
+            return {}
+        out: dict[int, Any] = {}
+        for choice in choices:
+            raw = self.captured.routing.get(choice.index)
+            if raw is None:
+                continue
+            tokens = len(prompt) + len(choice.token_ids)
+            try:
+                out[choice.index] = array = routed.decode(raw, tokens)
+            except ValueError as e:
+                self.notes.append(f"choice {choice.index}: routed experts unreadable ({e})")
+                continue
+            if len(array) != tokens - 1:
+                self.notes.append(
+                    f"choice {choice.index}: {len(array)} routed-expert rows for {tokens} "
+                    f"tokens (the engine's count; {tokens - 1} expected)"
+                )
+        if not self.captured.routing and self.status is CallStatus.OK:
+            why = "start it with --enable-return-routed-experts (an MoE model)"
+            if self.stream:
+                why = f"vLLM sends none on a stream (vllm#56745); else {why}"
+            self.notes.append(f"the engine sent no routed experts: {why}")
+        return out
 
     @property
     def completion_tokens(self) -> int:

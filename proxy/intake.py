@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from rolltap.proxy import routed
 from rolltap.proxy.context import CONTEXT, ProxyContext
 from rolltap.proxy.errors import BadRequest, PayloadTooLarge, ProxyError
 from rolltap.proxy.exchange import PURPOSE_HEADERS, RETRY_HEADER, Exchange, now
@@ -102,6 +103,7 @@ async def admit(taken: Intake) -> None:
     asked, n = _generation_limit(exchange, taken.ctx.settings.max_tokens_cap)
     try:
         _serve_model(taken.ctx, exchange)
+        _routed_experts(taken.ctx, state, exchange)
         while True:
             Rollouts.admit(state)
             admission = state.budget.try_reserve(
@@ -123,6 +125,19 @@ async def admit(taken: Intake) -> None:
         raise await taken.reject(e) from None
     taken.reserved = True
     exchange.token_allowance = admission.allowance
+
+
+def _routed_experts(ctx: ProxyContext, state: RolloutState, exchange: Exchange) -> None:
+    """Whether the call asks for routed experts (proxy/routed.py); refused where the engines
+    cannot give them."""
+    chosen = state.routed_experts
+    if not (ctx.settings.capture_routed_experts if chosen is None else chosen):
+        return
+    kinds = (b.kind for b in ctx.pool.all())
+    reason = routed.refusal(kinds, ctx.settings.builtin_engine)
+    if reason is not None:
+        raise BadRequest(reason, code="routed_experts_unavailable")
+    exchange.routed_experts = True
 
 
 def _serve_model(ctx: ProxyContext, exchange: Exchange) -> None:

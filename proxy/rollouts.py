@@ -58,6 +58,9 @@ class RolloutState:
     proxy's default."""
     lineages: Lineages = field(default_factory=Lineages)
     """Its conversations' recent turns, for token-in (proxy/tokenin/lineage.py)."""
+    routed_experts: bool | None = None
+    """The rollout's own choice to capture routed experts (`routed_experts` in its metadata;
+    proxy/routed.py); None: the proxy's default."""
     stale_bound: StaleBound | None = None
     """Its batch's bound on how far behind its calls may run (proxy/staleness.py)."""
     oldest_version: str | None = None
@@ -79,6 +82,11 @@ class RolloutState:
 
 def _token_in(meta: dict[str, Any]) -> bool | None:
     chosen = meta.get("token_in")
+    return chosen if isinstance(chosen, bool) else None
+
+
+def _chosen(meta: dict[str, Any], key: str) -> bool | None:
+    chosen = meta.get(key)
     return chosen if isinstance(chosen, bool) else None
 
 
@@ -179,6 +187,7 @@ class Rollouts:
                 sampling=rollout_sampling(view.meta, view.task_id, view.sample_index, view.attempt),
                 dispatched=counted,
                 token_in=_token_in(view.meta),
+                routed_experts=_chosen(view.meta, "routed_experts"),
                 stale_bound=rollout_bound(view.meta),
                 stale_marked=stale_mark(view.meta) is not None,
             )

@@ -144,6 +144,7 @@ async def serve_until_stopped(
         if not settings.backends and start_engine is not None:
             engine_url, stop_engine = await start_engine()
             settings.backends = [engine_url]
+            settings.builtin_engine = True
         proxy = await start_proxy(settings, store, extensions)
         _tune_gc()
         try:

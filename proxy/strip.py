@@ -30,18 +30,20 @@ class Extras:
     logprobs: bool = True
     meta_info: bool = False
     """SGLang's per-choice meta_info (asked for its ids)."""
+    routed_experts: bool = False
+    """Routed experts (proxy/routed.py): vLLM's per choice, SGLang's `sglext`."""
 
 
 def strip(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
     """The client's view of a whole response body."""
-    if extras.logprobs or extras.meta_info:
+    if extras.logprobs or extras.meta_info or extras.routed_experts:
         return orjson.dumps(_stripped_doc(doc, extras))
     return _cut_ids(raw, extras)
 
 
 def strip_chunk(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
     """The client's view of one stream chunk: small, so even logprobs are cut from the bytes."""
-    if extras.meta_info:
+    if extras.meta_info or (extras.routed_experts and b'"sglext"' in raw):
         return orjson.dumps(_stripped_doc(doc, extras))
     if extras.logprobs:
         raw = null_values(raw, b"logprobs")
@@ -111,6 +113,8 @@ def _stripped_doc(doc: dict[str, Any], extras: Extras) -> dict[str, Any]:
     if extras.token_ids:
         for key in ROOT_ID_KEYS:
             out.pop(key.decode(), None)
+    if extras.routed_experts:
+        out.pop("sglext", None)
     choices = out.get("choices")
     if isinstance(choices, list):
         cleaned = []
@@ -126,6 +130,8 @@ def _stripped_doc(doc: dict[str, Any], extras: Extras) -> dict[str, Any]:
                 c["logprobs"] = None
             if extras.meta_info:
                 c.pop("meta_info", None)
+            if extras.routed_experts:
+                c.pop("routed_experts", None)
             cleaned.append(c)
         out["choices"] = cleaned
     return out

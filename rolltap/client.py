@@ -107,6 +107,9 @@ class Trajectory:
     turns: list[Turn]
     link: dict[str, Any] | None
     """Which earlier segment this one branched from, and the drift class of the break."""
+    routed_experts: npt.NDArray[Any] | None = None
+    """The MoE experts each token of prompt_ids + response_ids was routed to (R3), n_tokens - 1
+    rows of layers x top-k (SGLang: layers * top-k); None when not captured."""
 
     @property
     def observation_hashes(self) -> list[str]:

@@ -52,6 +52,11 @@ slime, ``Sample`` (slime/utils/types.py), one per trajectory:
 ``metadata``           ``rollout_id``, ``segment``, ``task_id``, ``turns``, ``min_version``,
                        ``max_version``, ``staleness``
 =====================  =========================================================================
+
+and ``rollout_routed_experts``: ``Trajectory.routed_experts`` (MoE routing replay, R3), a numpy
+array of ``len(tokens) - 1`` rows of layers x top-k, row i for token i, as slime's own SGLang
+rollout keeps it (an SGLang engine sends layers * top-k per row: reshape with the model's layer
+count); None when not captured.
 """
 
 from __future__ import annotations
@@ -143,6 +148,7 @@ def to_slime(
             "rollout_log_probs": _logprobs(t),
             "weight_versions": [str(v) for v in t.weight_versions if v is not None],
             "status": _slime_status(sample, t),
+            "rollout_routed_experts": t.routed_experts,
             "metadata": {
                 "rollout_id": t.rollout_id,
                 "segment": t.segment,

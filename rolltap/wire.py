@@ -5,10 +5,13 @@ A trajectory is a row of named fields (the names of `rolltap.store.Trajectory`).
 
 * ``base64`` (JSON): token arrays as base64 of their little-endian bytes: ``prompt_ids`` and
   ``response_ids`` int32, ``loss_mask`` uint8, ``logprobs`` float32; everything else plain JSON
-  (``turns`` as a list of {kind, start, end, call_id, weight_version, token_hash}).
+  (``turns`` as a list of {kind, start, end, call_id, weight_version, token_hash}), and
+  ``routed_experts`` (MoE routing replay, rolltap.store.routed) as {dtype, shape, data: base64
+  of the C-order little-endian bytes} or null.
 * ``arrow``: an Arrow IPC stream, one row per trajectory, the arrays as list<int32>, list<uint8>,
-  list<float32> columns and ``turns`` as parallel ``turn_*`` list columns; in JSON messages (SSE)
-  the stream is carried base64-encoded.
+  list<float32> columns and ``turns`` as parallel ``turn_*`` list columns, ``routed_experts`` as
+  binary with ``routed_experts_dtype`` and ``routed_experts_shape``; in JSON messages (SSE) the
+  stream is carried base64-encoded.
 
 Either way the decoded row holds numpy arrays that view the received bytes (no per-token
 Python objects), so a trainer pays for the arrays once.
@@ -64,6 +67,8 @@ def row_to_json(row: Row) -> Row:
     out = dict(row)
     for name, dtype in ARRAYS.items():
         out[name] = pack(row[name], dtype)
+    routing = row.get("routed_experts")
+    out["routed_experts"] = None if routing is None else _routing_json(routing)
     return out
 
 
@@ -71,7 +76,27 @@ def row_from_json(data: Row) -> Row:
     out = dict(data)
     for name, dtype in ARRAYS.items():
         out[name] = unpack(data[name], dtype)
+    routing = data.get("routed_experts")
+    out["routed_experts"] = None if routing is None else _routing_array(routing)
     return out
+
+
+def _routing_bytes(array: npt.NDArray[Any]) -> bytes:
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def _routing_json(array: npt.NDArray[Any]) -> dict[str, Any]:
+    data = base64.b64encode(_routing_bytes(array)).decode("ascii")
+    return {"dtype": array.dtype.name, "shape": list(array.shape), "data": data}
+
+
+def _routing_array(value: dict[str, Any]) -> npt.NDArray[Any]:
+    return _routing(base64.b64decode(value["data"]), value["dtype"], value["shape"])
+
+
+def _routing(data: bytes, dtype: str, shape: Sequence[int]) -> npt.NDArray[Any]:
+    flat = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"))
+    return flat.reshape([int(n) for n in shape])
 
 
 def rows_to_arrow(rows: Sequence[Row]) -> bytes:
@@ -98,6 +123,16 @@ def rows_to_arrow(rows: Sequence[Row]) -> bytes:
         [None if r["link"] is None else orjson.dumps(r["link"]).decode() for r in rows],
         type=pa.string(),
     )
+    routings = [r.get("routed_experts") for r in rows]
+    columns["routed_experts"] = pa.array(
+        [None if a is None else _routing_bytes(a) for a in routings], type=pa.binary()
+    )
+    columns["routed_experts_dtype"] = pa.array(
+        [None if a is None else a.dtype.name for a in routings], type=pa.string()
+    )
+    columns["routed_experts_shape"] = pa.array(
+        [None if a is None else list(a.shape) for a in routings], type=pa.list_(pa.int32())
+    )
     table = pa.table(columns)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -123,6 +158,15 @@ def rows_from_arrow(blob: bytes) -> list[Row]:
         row["turns"] = [{f: flat[f][k] for f in TURN_FIELDS} for k in range(lo, hi)]
     for row, link in zip(rows, table.column("link").to_pylist(), strict=True):
         row["link"] = None if link is None else orjson.loads(link)
+    if "routed_experts" in table.column_names:
+        routing = zip(
+            table.column("routed_experts").to_pylist(),
+            table.column("routed_experts_dtype").to_pylist(),
+            table.column("routed_experts_shape").to_pylist(),
+            strict=True,
+        )
+        for row, (data, dtype, shape) in zip(rows, routing, strict=True):
+            row["routed_experts"] = None if data is None else _routing(data, dtype, shape)
     return rows
 
 

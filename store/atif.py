@@ -8,7 +8,11 @@ v1.4 (prompt). The mapping, one rollout to one trajectory:
   recorded in `meta["run"]`, the model).
 - Each LLM call the harness made is one `agent` step with `llm_call_count: 1`: the answer's text,
   reasoning and tool calls (choice 0), and `metrics` with the engine's exact
-  `prompt_token_ids`, `completion_token_ids` and `logprobs` when the call captured them.
+  `prompt_token_ids`, `completion_token_ids` and `logprobs` when the call captured them, and
+  the MoE experts each of those tokens was routed to when they were captured (R3,
+  store/routed.py) in `metrics.extra.routed_experts`: {dtype, shape, data}, data the base64 of
+  the C-order little-endian array of shape [prompt + completion tokens - 1, layers, top-k] (or
+  [..., layers * top-k] from SGLang), row i for token i of the prompt then the completion.
 - What the harness sent that the previous call's conversation did not hold becomes steps before
   it: `system` and `user` steps, tool results as the `observation` of the agent step whose tool
   calls they answer (matched in order), and assistant turns the harness supplied itself as agent
@@ -28,13 +32,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rolltap import __version__
 from rolltap.store.errors import NotFound
 from rolltap.store.models import CallStatus, Capture
+from rolltap.store.packing import RoutingArray
 from rolltap.store.records import CallBodies, CallTokens, CallView, RolloutView
+from rolltap.store.routed import as_json
 from rolltap.store.store import Store
 from rolltap.store.turns import ToolCall, Turn, parsed_arguments, request_turns, response_turns
 
@@ -50,6 +56,8 @@ class RolloutRecord:
     calls: Sequence[CallView]
     tokens: Mapping[str, CallTokens]
     bodies: Mapping[str, CallBodies]
+    routing: Mapping[tuple[str, int], RoutingArray] = field(default_factory=dict)
+    """(call id, choice) -> its routed experts (store/routed.py)."""
 
 
 async def load(store: Store, rollout_id: str) -> RolloutRecord:
@@ -61,7 +69,8 @@ async def load(store: Store, rollout_id: str) -> RolloutRecord:
             bodies[call.id] = await store.call_bodies(call.id)
         except NotFound:
             continue  # recorded without bodies
-    return RolloutRecord(rollout, calls, await store.rollout_tokens(rollout_id), bodies)
+    tokens = await store.rollout_tokens(rollout_id)
+    return RolloutRecord(rollout, calls, tokens, bodies, await store.routed_experts(rollout_id))
 
 
 async def rollout_atif(store: Store, rollout_id: str) -> dict[str, Any] | None:
@@ -81,7 +90,9 @@ def trajectory(record: RolloutRecord) -> dict[str, Any] | None:
         shared = _common_prefix(context, sent)
         for turn in sent[shared:]:
             steps.sent(call, turn)
-        steps.answer(call, answer, record.tokens.get(call.id), dropped=len(context) - shared)
+        routing = record.routing.get((call.id, 0))
+        tokens = record.tokens.get(call.id)
+        steps.answer(call, answer, tokens, routing, dropped=len(context) - shared)
         context = [*sent, answer]
     if not steps.steps:
         return None
@@ -110,13 +121,21 @@ class _Steps:
             self._add({"source": role, "message": turn.text, "timestamp": _iso(call)})
 
     def answer(
-        self, call: CallView, answer: Turn, tokens: CallTokens | None, *, dropped: int
+        self,
+        call: CallView,
+        answer: Turn,
+        tokens: CallTokens | None,
+        routing: RoutingArray | None,
+        *,
+        dropped: int,
     ) -> None:
         step = self._agent(answer, call.id, call)
         step["llm_call_count"] = 1
         if call.model:
             step["model_name"] = call.model
         step["metrics"] = _metrics(call, tokens)
+        if routing is not None and "prompt_token_ids" in step["metrics"]:
+            step["metrics"]["extra"] = {"routed_experts": as_json(routing)}
         rolltap = {
             "call_id": call.id,
             "seq": call.seq,

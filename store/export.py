@@ -4,11 +4,16 @@ Parquet columns: the token arrays as list<int32> (``prompt_ids``, ``response_ids
 (``loss_mask``) and list<float32> (``logprobs``), then one scalar column per `Trajectory` field
 (the link flattened into ``parent_segment``, ``link_kind``, ``branch_call_id``, ``branch_choice``,
 ``branch_position``, ``drift``, ``drift_detail`` as JSON text), and ``head_hash``: the rollout's
-sealed hash-chain head (store/chain.py), null while it runs. JSON lines carry the same names.
+sealed hash-chain head (store/chain.py), null while it runs. ``routed_experts`` (binary: the C-order
+little-endian bytes of the trajectory's routed experts, store/routed.py) with
+``routed_experts_dtype`` (uint8, uint16, int32) and ``routed_experts_shape`` ([n_tokens - 1,
+layers, top-k], or [n_tokens - 1, layers * top-k] from SGLang), all null when it has none. JSON
+lines carry the same names, ``routed_experts`` as base64.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -58,6 +63,9 @@ SCHEMA = pa.schema(
         ("drift", pa.string()),
         ("drift_detail", pa.string()),
         ("head_hash", pa.string()),
+        ("routed_experts", pa.binary()),
+        ("routed_experts_dtype", pa.string()),
+        ("routed_experts_shape", pa.list_(pa.int32())),
     ]
 )
 
@@ -145,6 +153,7 @@ def arrow_table(trajectories: Sequence[Trajectory]) -> pa.Table:
         "response_ids": _list_array([t.response_ids for t in ts], pa.int32()),
         "loss_mask": _list_array([t.loss_mask for t in ts], pa.int8()),
         "logprobs": _list_array([t.logprobs for t in ts], pa.float32()),
+        "routed_experts": pa.array([_routing_bytes(t) for t in ts], type=pa.binary()),
     }
     rows = [_row(t, arrays=False) for t in ts]
     for field in SCHEMA:
@@ -164,6 +173,7 @@ def _list_array(arrays: Sequence[npt.NDArray[Any]], value_type: pa.DataType) -> 
 
 def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
     link, drift = t.link, None if t.link is None else t.link.drift
+    routing = t.routed_experts
     row: dict[str, Any] = {
         "rollout_id": t.rollout_id,
         "segment": t.segment,
@@ -188,6 +198,8 @@ def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
         "drift": None if drift is None else drift.kind.value,
         "drift_detail": None if drift is None else json.dumps(drift.as_dict()),
         "head_hash": t.head_hash,
+        "routed_experts_dtype": None if routing is None else routing.dtype.name,
+        "routed_experts_shape": None if routing is None else list(routing.shape),
     }
     if arrays:
         row |= {
@@ -195,8 +207,19 @@ def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
             "response_ids": t.response_ids,
             "loss_mask": t.loss_mask,
             "logprobs": t.logprobs,
+            "routed_experts": _routing_base64(t),
         }
     return row
+
+
+def _routing_bytes(t: Trajectory) -> bytes | None:
+    routing = t.routed_experts
+    return None if routing is None else np.ascontiguousarray(routing).tobytes()
+
+
+def _routing_base64(t: Trajectory) -> str | None:
+    data = _routing_bytes(t)
+    return None if data is None else base64.b64encode(data).decode("ascii")
 
 
 def segment_dict(t: Trajectory) -> dict[str, Any]:
@@ -219,6 +242,7 @@ def trajectory_dict(t: Trajectory) -> dict[str, Any]:
         "response_ids": t.response_ids.tolist(),
         "loss_mask": t.loss_mask.tolist(),
         "logprobs": logprobs,
+        "routed_experts": _routing_base64(t),
     }
 
 

@@ -67,13 +67,48 @@ class Base(DeclarativeBase):
 
 
 class RolloutStatus(enum.StrEnum):
+    """How a rollout's run ended: its harness and verifier, not whether the task passed (that
+    is its reward, read as a `Verdict`)."""
+
     PENDING = "pending"
     RUNNING = "running"
-    SUCCEEDED = "succeeded"
+    FINISHED = "finished"
+    """The harness ended on its own and the verifier gave a reward (which may be 0)."""
     FAILED = "failed"
+    """The harness or the verifier broke (an infrastructure or protocol failure)."""
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     BUDGET_EXCEEDED = "budget_exceeded"
+    EXPIRED = "expired"
+    """Nobody finished it: no call for the proxy's idle expiry (a rollout made by hand)."""
+    SUCCEEDED = "finished"
+    """The old name of FINISHED ("succeeded" read as "passed"); the value is FINISHED's."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> RolloutStatus | None:
+        # Stores migrated from "succeeded", and clients that still send it, mean FINISHED.
+        return cls.FINISHED if value == "succeeded" else None
+
+
+class Verdict(enum.StrEnum):
+    """Whether the task passed, from the verifier's reward (README, Train on it)."""
+
+    PASSED = "passed"
+    """reward >= 1.0"""
+    PARTIAL = "partial"
+    """0 < reward < 1"""
+    FAILED = "failed"
+    """reward <= 0"""
+    UNVERIFIED = "unverified"
+    """No reward: the verifier did not run (or the rollout has not ended)."""
+
+    @classmethod
+    def of(cls, reward: float | None, pass_reward: float = 1.0) -> Verdict:
+        if reward is None or reward != reward:  # NaN: no verdict either
+            return cls.UNVERIFIED
+        if reward >= pass_reward:
+            return cls.PASSED
+        return cls.PARTIAL if reward > 0 else cls.FAILED
 
 
 class CallStatus(enum.StrEnum):
@@ -243,11 +278,42 @@ class CallBody(Base):
     """The response the client received (for a stream, the assembled equivalent)."""
 
 
+class RoutedExperts(Base):
+    """The MoE experts each token of a call's prompt and answer was routed to (routing replay,
+    R3), one row per choice, as the engine sent them (store/routed.py)."""
+
+    __tablename__ = "routed_experts"
+
+    call_id: Mapped[str] = mapped_column(
+        ForeignKey("call.id", ondelete="CASCADE"), primary_key=True
+    )
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    """The choice."""
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollout.id", ondelete="CASCADE"))
+    source: Mapped[str] = mapped_column(String(16))
+    """The engine's encoding it was read from: vllm or sglang (proxy/routed.py)."""
+    dtype: Mapped[str] = mapped_column(String(8))
+    """uint8, uint16 or int32: the narrowest that holds every expert id."""
+    shape: Mapped[list[int]] = mapped_column(JSON)
+    """Of the whole array: [tokens - 1, layers, top-k] (vLLM) or [tokens - 1, layers * top-k]
+    (SGLang sends no split)."""
+    base_call_id: Mapped[str | None] = mapped_column(ForeignKey("call.id"))
+    base_idx: Mapped[int | None] = mapped_column(Integer)
+    base_rows: Mapped[int] = mapped_column(Integer, default=0)
+    """The first rows are byte for byte the first rows of the base call's choice (the shared
+    prefix of a conversation); only the rest is in `data`."""
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    """Rows from `base_rows` on, C-order, little-endian."""
+
+    __table_args__ = (Index(None, "rollout_id"),)
+
+
 # Typed handles for Core statements on the hot paths (ORM unit-of-work is too slow there).
 rollout_table = cast(Table, Rollout.__table__)
 call_table = cast(Table, Call.__table__)
 choice_table = cast(Table, Choice.__table__)
 call_body_table = cast(Table, CallBody.__table__)
+routed_experts_table = cast(Table, RoutedExperts.__table__)
 
 
 # --- trajectory analysis (where a rollout's token chain broke) ------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +18,8 @@ _LOGPROB_CEILING = 1e-3
 
 IdArray = npt.NDArray[np.int32]
 LogprobArray = npt.NDArray[np.float32]
+RoutingArray = npt.NDArray[np.integer[Any]]
+"""Routed experts (store/routed.py): uint8, uint16 or int32, tokens x layers [x top-k]."""
 
 
 def as_ids(values: Sequence[int] | npt.NDArray[np.integer]) -> IdArray:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rolltap.store.models import CallDialect, CallStatus, Capture, RolloutStatus
-from rolltap.store.packing import IdArray, LogprobArray
+from rolltap.store.models import CallDialect, CallStatus, Capture, RolloutStatus, Verdict
+from rolltap.store.packing import IdArray, LogprobArray, RoutingArray
 
 # --- written -------------------------------------------------------------------------------
 
@@ -95,6 +95,11 @@ class CallRecord:
     """Token-in mode: what lets another proxy process continue this call's conversation."""
     prompt_ids: IdArray | None = None
     choices: list[ChoiceRecord] = field(default_factory=list)
+    routed_experts: dict[int, RoutingArray] = field(default_factory=dict)
+    """Choice index -> the experts each token of its prompt and answer was routed to, as the
+    engine sent them, packed (rows: tokens - 1; store/routed.py)."""
+    routed_source: str | None = None
+    """The engine encoding they were read from: vllm or sglang (proxy/routed.py)."""
     request_body: bytes | None = None
     engine_request: bytes | None = None
     response_body: bytes | None = None
@@ -141,6 +146,11 @@ class RolloutView:
     key_revoked_at: datetime | None = None
     """Set when the harness ended: the proxy refuses the key's calls from then on."""
 
+    @property
+    def verdict(self) -> Verdict:
+        """Whether the task passed (its reward); `status` says only how the run ended."""
+        return Verdict.of(self.reward)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON values under stable names (`rolltap ls --json`); times are ISO 8601 UTC."""
         return {
@@ -153,6 +163,7 @@ class RolloutView:
             "model": self.model,
             "status": self.status.value,
             "reward": self.reward,
+            "verdict": self.verdict.value,
             "reward_details": self.reward_details,
             "error": self.error,
             "max_calls": self.max_calls,

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import egress, integrity, migrate, queries, trajectory
+from rolltap.store import egress, integrity, migrate, queries, routed, trajectory
 from rolltap.store.analysis import AnalysisThread
 from rolltap.store.bridging import Bridging
 from rolltap.store.database import Database, open_database, unavailable
@@ -17,7 +17,7 @@ from rolltap.store.drift import Detokenizer
 from rolltap.store.errors import InvalidTokens, NotFound, ReadOnly
 from rolltap.store.ids import hash_key, new_id, new_key
 from rolltap.store.models import RolloutStatus
-from rolltap.store.packing import as_ids, as_logprobs
+from rolltap.store.packing import RoutingArray, as_ids, as_logprobs
 from rolltap.store.records import (
     BatchView,
     CallBodies,
@@ -45,11 +45,12 @@ from rolltap.store.writer import (
 )
 
 FINAL_STATUSES = {
-    RolloutStatus.SUCCEEDED,
+    RolloutStatus.FINISHED,
     RolloutStatus.FAILED,
     RolloutStatus.TIMED_OUT,
     RolloutStatus.CANCELLED,
     RolloutStatus.BUDGET_EXCEEDED,
+    RolloutStatus.EXPIRED,
 }
 _FINAL_VALUES = {s.value for s in FINAL_STATUSES}
 _UPDATABLE = {
@@ -282,6 +283,10 @@ class Store:
     async def rollout_tokens(self, rollout_id: str) -> dict[str, CallTokens]:
         return await self.db.read(queries.rollout_tokens, rollout_id)
 
+    async def routed_experts(self, rollout_id: str) -> dict[tuple[str, int], RoutingArray]:
+        """(call id, choice) -> the routed experts its engine sent (store/routed.py)."""
+        return await self.db.read(routed.rollout_routing, rollout_id)
+
     async def lineage_turns(self, rollout_id: str, request: bytes) -> list[StoredTurn]:
         """The rollout's token-in calls that answered the messages hashed as `request`."""
         return await self.db.read(queries.lineage_turns, rollout_id, request)
@@ -386,4 +391,9 @@ def _validated(record: CallRecord) -> CallRecord:
             )
         checked.append(ChoiceRecord(choice.index, ids, logprobs, choice.finish_reason))
     record.choices = checked
+    for index, array in record.routed_experts.items():
+        if index not in seen:
+            raise InvalidTokens(f"routed experts for choice {index}, which the call does not have")
+        if array.ndim not in (2, 3) or array.dtype.name not in routed.DTYPES:
+            raise InvalidTokens(f"routed experts of shape {array.shape} and dtype {array.dtype}")
     return record

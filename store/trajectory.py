@@ -31,6 +31,11 @@ every observation between two answers (with a stable hash of its tokens, ``obser
 in ``response_ids`` coordinates; ``prompt_hash`` hashes the prompt the same way (see
 `rolltap.store.steps`).
 
+Routing replay (R3): ``routed_experts`` holds, for a rollout whose calls captured them, the MoE
+experts each token was routed to: ``n_tokens - 1`` rows aligned with ``prompt_ids`` then
+``response_ids``, from the segment's last call; None when that call has none (see
+`rolltap.store.routed`).
+
 Field names for trainers
 ------------------------
 =======================  ==========================  ===================================
@@ -64,7 +69,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from rolltap.store import compress
+from rolltap.store import compress, routed
 from rolltap.store.database import Database
 from rolltap.store.delta import StoredPrompt, rebuild_prompts
 from rolltap.store.drift import (
@@ -87,7 +92,13 @@ from rolltap.store.models import (
     rollout_faithfulness_table,
     segment_break_table,
 )
-from rolltap.store.packing import IdArray, LogprobArray, unpack_ids, unpack_logprobs
+from rolltap.store.packing import (
+    IdArray,
+    LogprobArray,
+    RoutingArray,
+    unpack_ids,
+    unpack_logprobs,
+)
 from rolltap.store.records import ChoiceTokens, RolloutView
 from rolltap.store.segments import (
     Assembly,
@@ -167,6 +178,10 @@ class Trajectory:
     """The rollout's share of sampled tokens still in the context they were sampled in."""
     head_hash: str | None = None
     """The rollout's sealed hash-chain head (store/chain.py): which record this came from."""
+    routed_experts: RoutingArray | None = None
+    """The MoE experts each token was routed to (R3), row i for token i of `prompt_ids` then
+    `response_ids` (n_tokens - 1 rows: the last token was never forwarded), from the segment's
+    last call; None when that call has none (store/routed.py)."""
 
     @property
     def prompt_token_ids(self) -> IdArray:
@@ -254,6 +269,7 @@ async def build(
     ids = [r.id for r in rollouts]
     async with db.connect() as conn:
         calls, meta = await _load_calls(conn, ids)
+        routing = await routed.load(conn, ids)
     assemblies = {rid: assemble(calls.get(rid, [])) for rid in ids}
     sites = {rid: break_sites(a) for rid, a in assemblies.items()}
     wanted = {c for rid in ids for site in sites[rid] for c in calls_to_read(site)}
@@ -265,7 +281,7 @@ async def build(
     for r in rollouts:
         drifts = await classify_all(sites[r.id], messages, detokenizer)
         by_segment = {s.segment: d for s, d in zip(sites[r.id], drifts, strict=True)}
-        built.append(_rollout_trajectories(r, assemblies[r.id], by_segment, meta))
+        built.append(_rollout_trajectories(r, assemblies[r.id], by_segment, meta, routing))
     return built
 
 
@@ -372,6 +388,7 @@ def _rollout_trajectories(
     assembly: Assembly,
     drifts: dict[int, Drift],
     meta: dict[str, _CallMeta],
+    routing: dict[routed.Key, routed.StoredRouting] | None = None,
 ) -> RolloutTrajectories:
     arrays = [segment.arrays() for segment in assembly.segments]
     sampled = sum(int(a.mask.sum()) for a in arrays)
@@ -388,7 +405,9 @@ def _rollout_trajectories(
         skipped_calls=len(assembly.skipped),
     )
     trajectories = [
-        _trajectory(rollout, segment, a, drifts.get(segment.index), meta, faithfulness.share)
+        _trajectory(
+            rollout, segment, a, drifts.get(segment.index), meta, faithfulness.share, routing or {}
+        )
         for segment, a in zip(assembly.segments, arrays, strict=True)
     ]
     seqs = {cid: meta[cid].seq for cid in _call_ids(assembly)}
@@ -415,9 +434,11 @@ def _trajectory(
     drift: Drift | None,
     meta: dict[str, _CallMeta],
     share: float,
+    routing: dict[routed.Key, routed.StoredRouting],
 ) -> Trajectory:
     n = arrays.prompt_len
     link = segment.link
+    last = segment.pieces[-1]
     versions = tuple(meta[c].weight_version for c in segment.calls)
     return Trajectory(
         rollout_id=rollout.id,
@@ -447,6 +468,7 @@ def _trajectory(
         has_logprobs=arrays.has_logprobs,
         rollout_faithfulness=share,
         head_hash=rollout.head_hash,
+        routed_experts=routed.for_sequence(routing, (last.call.id, last.choice), len(arrays.ids)),
     )
 
 

@@ -30,7 +30,7 @@ from sqlalchemy import Table, insert, update
 from sqlalchemy.engine import Connection, Dialect
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
-from rolltap.store import chain, compress, queries
+from rolltap.store import chain, compress, queries, routed
 from rolltap.store.checkpoint import WalCheckpointer
 from rolltap.store.database import BUSY_TIMEOUT_MS, Database
 from rolltap.store.delta import KnownCall, RecentCalls, choose_parent
@@ -43,6 +43,7 @@ from rolltap.store.models import (
     choice_table,
     lineage_turn_table,
     rollout_table,
+    routed_experts_table,
 )
 from rolltap.store.outage import describe, is_outage
 from rolltap.store.packing import pack
@@ -105,6 +106,9 @@ class _Staged:
     choices: list[dict[str, Any]] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     lineages: list[dict[str, Any]] = field(default_factory=list)
+    routed: list[dict[str, Any]] = field(default_factory=list)
+    routed_latest: dict[str, dict[int, tuple[str, Any]]] = field(default_factory=dict)
+    """Each rollout's latest routed call of this batch (store/routed.py), cached on commit."""
 
 
 class StoreState(StrEnum):
@@ -150,6 +154,7 @@ class GroupCommitWriter:
         self._outage_limit = outage_limit
         self._slow_after = slow_after
         self._recent = recent or RecentCalls()
+        self._routed = routed.RecentRouting()
         self._inserts = _Inserts()
         self._queue: asyncio.Queue[_Pending | object] = asyncio.Queue()
         self._queued = 0
@@ -364,6 +369,8 @@ class GroupCommitWriter:
         for rollout_id, known in staged.known.items():
             for k in known:
                 self._recent.add(rollout_id, k)
+        for rollout_id, choices in staged.routed_latest.items():
+            self._routed.put(rollout_id, choices)
 
     def _apply(
         self, conn: Connection, ops: list[Op], retry: bool = False
@@ -508,6 +515,11 @@ class GroupCommitWriter:
                     "response": compress.deflate(record.response_body),
                 }
             )
+        if record.routed_experts:
+            previous = staged.routed_latest.get(rid) or self._routed.latest(rid)
+            source = record.routed_source or ""
+            staged.routed += routed.stage(call_id, rid, source, record.routed_experts, previous)
+            staged.routed_latest[rid] = {i: (call_id, a) for i, a in record.routed_experts.items()}
         if record.lineage is not None:
             mark = record.lineage
             staged.lineages.append(
@@ -526,8 +538,10 @@ class GroupCommitWriter:
         if self._thread is not None:
             # The cache belongs to the writer thread; let it do the forgetting.
             self._thread.submit(self._recent.forget, rollout_id)
+            self._thread.submit(self._routed.forget, rollout_id)
         else:
             self._recent.forget(rollout_id)
+            self._routed.forget(rollout_id)
 
 
 @dataclass(frozen=True)
@@ -593,6 +607,9 @@ class _Inserts:
         if staged.lineages:
             self.insert(conn, lineage_turn_table, staged.lineages)
             staged.lineages = []
+        if staged.routed:
+            self.insert(conn, routed_experts_table, staged.routed)
+            staged.routed = []
 
 
 def _create_rollout(conn: Connection, op: CreateRollout) -> None:

@@ -4,7 +4,9 @@ vLLM and rolltap's engine take `/v1/completions` with a list-of-ids `prompt` and
 `return_token_ids`; SGLang takes `/generate` with `input_ids`. Neither parses the text, so the
 answer is split here (parse.py) and reshaped as the chat completion (or chunks) the engine's
 chat route would have sent, ids and logprobs where vLLM's chat route puts them: everything
-after this (capture, stripping, every dialect's rendering) reads it like any chat answer.
+after this (capture, stripping, every dialect's rendering) reads it like any chat answer;
+routed experts (proxy/routed.py) too: SGLang's `meta_info.routed_experts` as the chat route's
+`sglext`, vLLM's per-choice field as the chat choice's.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class TokenInRoute:
         if usage is not None:
             out["usage"] = usage
         out["prompt_token_ids"] = self._engine_prompt(doc)
+        self._routed_experts(doc, out)
         return out
 
     def chunk(self, doc: dict[str, Any], *, resumes: bool = False) -> dict[str, Any]:
@@ -166,7 +169,20 @@ class TokenInRoute:
             out["prompt_token_ids"] = self._engine_prompt(doc)
         if usage is not None:
             out["usage"] = usage
+        self._routed_experts(doc, out)
         return out
+
+    def _routed_experts(self, doc: dict[str, Any], out: dict[str, Any]) -> None:
+        """Routed experts (proxy/routed.py) where the chat route puts them: SGLang's
+        `meta_info` as the chat's `sglext`, vLLM's completions choice as the chat choice."""
+        if self._kind is EngineKind.SGLANG:
+            found = (doc.get("meta_info") or {}).get("routed_experts")
+            if found is not None:
+                out["sglext"] = {"routed_experts": found}
+            return
+        for choice in doc.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("routed_experts") is not None:
+                out["choices"][0]["routed_experts"] = choice["routed_experts"]
 
     def _engine_prompt(self, doc: dict[str, Any]) -> list[int]:
         """The prompt ids as the engine echoes them (vLLM: per choice), else as sent."""

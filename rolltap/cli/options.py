@@ -47,6 +47,26 @@ def max_tokens_cap_option(f: F) -> F:
     )(f)
 
 
+def capture_routed_experts_option(f: F) -> F:
+    return click.option(
+        "--capture-routed-experts",
+        is_flag=True,
+        help="Record the MoE experts each token was routed to (routing replay, R3) beside its "
+        "ids: SGLang (asked per call) or vLLM started with --enable-return-routed-experts "
+        "(non-streaming calls only). Refused on the built-in engine and openai=URL backends.",
+    )(f)
+
+
+def refuse_routed_experts(specs: list[str], builtin: bool) -> None:
+    """One line, before anything starts, when these backends cannot give routed experts."""
+    from rolltap.proxy.backends import parse_backend
+    from rolltap.proxy.routed import refusal
+
+    reason = refusal((parse_backend(spec)[1] for spec in specs), builtin)
+    if reason is not None:
+        raise click.ClickException(f"--capture-routed-experts: {reason}")
+
+
 def checked_backends(values: tuple[str, ...]) -> list[str]:
     """--backend values (each may hold several, space-separated, as ROLLTAP_BACKENDS does),
     refused with one line before anything starts when one is not `[KIND=]URL`."""

@@ -12,10 +12,12 @@ from rich.console import Console
 
 from rolltap.cli.console import console_for_output
 from rolltap.cli.options import (
+    capture_routed_experts_option,
     checked_backends,
     db_option,
     engine_arg_option,
     max_tokens_cap_option,
+    refuse_routed_experts,
 )
 from rolltap.cli.progress import with_progress
 from rolltap.cli.report import report
@@ -150,6 +152,7 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     "repetition_penalty. A seed is derived per sample and call (README, Train on it).",
 )
 @token_in_options
+@capture_routed_experts_option
 @db_option
 def run(
     tasks: Path,
@@ -179,6 +182,7 @@ def run(
     ray_address: str | None,
     sampling_pairs: tuple[str, ...],
     token_in: TokenInOptions,
+    capture_routed_experts: bool,
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
@@ -189,6 +193,11 @@ def run(
 
     egress_settings = load_settings(egress, allow_hosts, egress_config)
     backends = tuple(checked_backends(backends))
+    if capture_routed_experts:
+        # Each rollout asks for them: this run's proxy, one behind --proxy-socket, or a Ray
+        # node's. Without a backend (nor a proxy's socket) the built-in engine serves.
+        refuse_routed_experts(list(backends), builtin=not backends and proxy_socket is None)
+        meta = {**(meta or {}), "routed_experts": True}
     if proxy_socket is not None and model is None:
         raise click.ClickException("--proxy-socket needs --model: the model name that proxy serves")
     if proxy_socket is not None and token_in != TokenInOptions(enabled=token_in.enabled):

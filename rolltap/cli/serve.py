@@ -12,12 +12,14 @@ from pathlib import Path
 import click
 
 from rolltap.cli.options import (
+    capture_routed_experts_option,
     check_port,
     checked_backends,
     config_option,
     db_option,
     engine_arg_option,
     max_tokens_cap_option,
+    refuse_routed_experts,
 )
 from rolltap.cli.token_in import token_in_options
 from rolltap.proxy.admin import ExposedWithoutToken, check_exposure
@@ -121,6 +123,7 @@ from rolltap.store.url import resolve_url
     "writer. Pause and weight updates reach them all on PostgreSQL only.",
 )
 @token_in_options
+@capture_routed_experts_option
 @click.option(
     "--drain-seconds",
     default=10.0,
@@ -160,6 +163,7 @@ def serve(
     runner_ray: str | None,
     workers: int,
     token_in: TokenInOptions,
+    capture_routed_experts: bool,
     drain_seconds: float,
     runner_egress_config: Path | None,
     verbose: bool,
@@ -167,6 +171,8 @@ def serve(
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     specs = checked_backends(backends)
+    if capture_routed_experts:
+        refuse_routed_experts(specs, builtin=not specs)
     # Before the store is created or an engine loaded: a taken port fails in a second.
     check_port(host, port)
     settings = ProxySettings(
@@ -186,6 +192,7 @@ def serve(
         workers=workers,
         token_in=token_in,
         cache_salt=not no_cache_salt,
+        capture_routed_experts=capture_routed_experts,
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing
     if runner_ray is not None and not runner:
@@ -301,6 +308,7 @@ def _run_workers(
         if not settings.backends:
             url, stop_engine = await engine()
             settings.backends = [url]
+            settings.builtin_engine = True
 
     asyncio.run(prepare())
 

@@ -220,4 +220,5 @@ def trajectory_row(t: Trajectory) -> wire.Row:
         "weight_versions": list(t.weight_versions),
         "turns": [turn.as_dict() for turn in t.turns],
         "link": None if t.link is None else t.link.as_dict(),
+        "routed_experts": t.routed_experts,
     }

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rolltap.proxy.app import Extension
+from rolltap.proxy.backends import parse_backend
 from rolltap.proxy.context import ProxySettings
+from rolltap.proxy.routed import refusal
 from rolltap.runner.egress import EgressSettings
 from rolltap.runner.sandboxes.identity import sandbox_user
 from rolltap.runner.sandboxes.kinds import KINDS
@@ -51,6 +53,10 @@ def runner_extension(
         default_sandbox=kinds[0],
         tasks_root=tasks_root,
         max_concurrency=concurrency,
+        # No backend given: the built-in engine (a dense model) will serve the batches.
+        routed_experts_refusal=refusal(
+            (parse_backend(spec)[1] for spec in proxy.backends), builtin=not proxy.backends
+        ),
     )
     pools = PoolSizes(concurrency, concurrency, concurrency)
     return extension(

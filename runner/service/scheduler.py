@@ -128,6 +128,8 @@ class Scheduler:
         if spec.sampling:
             # The proxy applies these to every engine call of the rollout.
             meta["sampling"] = dict(spec.sampling)
+        if spec.capture_routed_experts:
+            meta["routed_experts"] = True
         if spec.max_staleness is not None:
             # The proxy holds it at each dispatch of the rollout's calls.
             meta[BOUND] = StaleBound(spec.max_staleness, spec.stale).as_meta()

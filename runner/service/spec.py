@@ -9,7 +9,8 @@
      "keep": "all" | "informative", "target_groups": 64,
      "max_staleness": 1, "stale": "drop" | "flag" | "relaunch", "max_relaunches": 2,
      "concurrency": 16, "pools": {"init": 16, "run": 16, "eval": 16}, "retries": 2,
-     "egress": {"mode": "none" | "allowlist" | "intercept", "allow": ["pypi.org"]}}
+     "egress": {"mode": "none" | "allowlist" | "intercept", "allow": ["pypi.org"]},
+     "capture_routed_experts": false}       # MoE routing replay (R3) with every call's tokens
 
 Tasks come as a path the server can read (a Harbor task directory, a directory of them, or a
 JSONL file; confined to the server's tasks root when it has one) or inline in the JSONL
@@ -54,6 +55,7 @@ _FIELDS = {
     "pools",
     "retries",
     "egress",
+    "capture_routed_experts",
 }
 _BUDGETS = {"max_calls", "max_tokens", "timeout", "max_steps"}
 E = TypeVar("E", bound=enum.StrEnum)
@@ -105,6 +107,9 @@ class ServiceLimits:
     tasks_root: Path | None = None
     """When set, task paths must lie under it."""
     max_concurrency: int = 64
+    routed_experts_refusal: str | None = None
+    """Why this server's engines cannot give routed experts (proxy/routed.py); None: they can,
+    or it cannot tell (the proxy refuses each call then)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,8 @@ class BatchSpec:
     """README, Egress; the server's egress config supplies the rest (`--egress-config`)."""
     egress_allow: tuple[str, ...] = ()
     """Host patterns added to the server's allow-list for this batch's tasks."""
+    capture_routed_experts: bool = False
+    """Record each call's routed experts (proxy/routed.py): every rollout asks for them."""
     id: str | None = None
     fingerprint: str = ""
     """A hash of the request body: a retry with the same id must ask for the same batch."""
@@ -160,6 +167,9 @@ def parse_spec(body: Mapping[str, Any], limits: ServiceLimits) -> BatchSpec:
         8, limits.max_concurrency
     )
     egress, egress_allow = _egress(body.get("egress"))
+    routed_experts = _flag(body, "capture_routed_experts")
+    if routed_experts and limits.routed_experts_refusal is not None:
+        raise SpecError(limits.routed_experts_refusal, "capture_routed_experts")
     return BatchSpec(
         tasks=tuple(tasks),
         tasks_source=source,
@@ -182,6 +192,7 @@ def parse_spec(body: Mapping[str, Any], limits: ServiceLimits) -> BatchSpec:
         retries=2 if body.get("retries") is None else _count(body, "retries", 0, 10) or 0,
         egress=egress,
         egress_allow=egress_allow,
+        capture_routed_experts=routed_experts,
         id=batch_id,
         fingerprint=fingerprint(body),
     )
@@ -310,6 +321,13 @@ def _opt(body: Mapping[str, Any], key: str, kind: type[str]) -> str | None:
     return value
 
 
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise SpecError(f"'{key}' must be true or false", key)
+    return bool(value)
+
+
 def _count(body: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
     value = body.get(key)
     if value is None:
@@ -377,4 +395,5 @@ def describe(spec: BatchSpec) -> dict[str, Any]:
         else {"init": spec.pools.init, "run": spec.pools.run, "eval": spec.pools.eval},
         "retries": spec.retries,
         "egress": {"mode": spec.egress.value, "allow": list(spec.egress_allow)},
+        "capture_routed_experts": spec.capture_routed_experts,
     }

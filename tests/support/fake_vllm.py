@@ -13,6 +13,14 @@ garble[:<k>] (a body, or stream chunk k, cut off mid-JSON), no_logprob[:<k>] (a 
 without its `logprob`), bad_ids[:<k>] (a token id that is a string), error_event:<k> (stream k
 chunks, then vLLM's error event and [DONE]).
 
+With `moe` it is a mixture-of-experts model and returns each token's routed experts in the
+engine's own wire format (proxy/routed.py has the sources): vLLM (as if started with
+--enable-return-routed-experts) per choice of a whole chat or completions answer, base64 of a
+`.npy` array (tokens - 1, layers, top-k), never on a stream; SGLang when the request has
+`return_routed_experts`, base64 of flat int32: in a whole chat answer's `choices[].meta_info`
+(with `return_meta_info`) or response-level `sglext`, in a stream's final `sglext` chunk, in
+`/generate`'s `meta_info` (the last event of a stream).
+
 Every chat request's `X-Request-Id` is logged as `seen` when it arrives, and as `sent` (with the
 prompt ids and each choice's ids) once its whole answer was written; `--log FILE` appends both as
 JSON lines, so a test can read them after killing the process.
@@ -24,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import codecs
 import functools
+import io
 import itertools
 import os
 import time
@@ -33,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
@@ -60,6 +72,28 @@ def _logprob_entry(token_id: int, as_ids: bool, top: int) -> dict[str, Any]:
     token = f"token_id:{token_id}" if as_ids else decode([token_id])
     entry = {"token": token, "logprob": logprob_of(token_id), "bytes": list(token.encode())}
     return {**entry, "top_logprobs": [entry][:top]}
+
+
+def routed_experts(ids: list[int], layers: int, topk: int, experts: int) -> npt.NDArray[np.int32]:
+    """The experts an MoE model routes each token of `ids` to, but the last (never forwarded):
+    a function of the token and its position, so a prompt repeated later routes the same."""
+    position = np.arange(len(ids) - 1, dtype=np.int64)[:, None, None]
+    token = np.asarray(ids[:-1], dtype=np.int64)[:, None, None]
+    layer = np.arange(layers, dtype=np.int64)[None, :, None]
+    slot = np.arange(topk, dtype=np.int64)[None, None, :]
+    return ((token * 7 + position * 13 + layer * 5 + slot * 3) % experts).astype(np.int32)
+
+
+def vllm_routed_experts(array: npt.NDArray[np.int32]) -> str:
+    """vLLM's encoding: base64 of the array's .npy file."""
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def sglang_routed_experts(array: npt.NDArray[np.int32]) -> str:
+    """SGLang's encoding: base64 of the raw int32 bytes, flattened, no shape."""
+    return base64.b64encode(array.astype("<i4").tobytes()).decode("ascii")
 
 
 def render(
@@ -177,6 +211,17 @@ class FakeVLLM:
     completion_script: Callable[[list[int]], Reply] | None = None
     """Instead of completion_text: the prompt ids -> the reply, written as the chat route
     writes one (reasoning, text, <tool_call> blocks) for the proxy's parsers to read."""
+    moe: tuple[int, int, int] | None = None
+    """(layers, top-k, experts): an MoE model, which returns routed experts (module doc)."""
+
+    def routing(self, ids: list[int], body: dict[str, Any]) -> str | None:
+        """The routed experts of prompt + answer `ids` in this engine's encoding, when sent."""
+        if self.moe is None:
+            return None
+        array = routed_experts(ids, *self.moe)
+        if not self.sglang:
+            return vllm_routed_experts(array)
+        return sglang_routed_experts(array) if body.get("return_routed_experts") else None
 
     def _log(self, request_id: str, sent: Sent | None = None) -> None:
         if not (self.record_requests or self.log_path):
@@ -281,6 +326,8 @@ class FakeVLLM:
                     await asyncio.sleep(delay)
             usage = {**usage, "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
             doc = {**header, "object": "text_completion", "choices": [choice(ids, finish, True)]}
+            if (routing := self.routing(prompt + ids, body)) is not None:
+                doc["choices"][0]["routed_experts"] = routing
             # orjson, as the chat route: the benchmark compares the two routes through the proxy.
             return web.Response(
                 body=orjson.dumps({**doc, "usage": usage}), content_type="application/json"
@@ -338,6 +385,8 @@ class FakeVLLM:
             }
             if body.get("return_logprob"):
                 meta["output_token_logprobs"] = [[logprob_of(i), i, None] for i in part]
+            if ended is not None and (routing := self.routing(prompt + part, body)) is not None:
+                meta["routed_experts"] = routing
             return {"text": decode(part), "output_ids": part, "meta_info": meta}
 
         if not body.get("stream"):
@@ -486,6 +535,11 @@ class FakeVLLM:
                 entry["prompt_token_ids"] = prompt
                 entry["response_token_ids"] = c["ids"]
                 entry["meta_info"] = {"weight_version": self.weight_version or "default"}
+            routing = self.routing(prompt + c["ids"], body)
+            if routing is not None and not self.sglang:
+                entry["routed_experts"] = routing
+            elif routing is not None and body.get("return_meta_info"):
+                entry.setdefault("meta_info", {})["routed_experts"] = routing
             out_choices.append(entry)
         completion = sum(len(c["ids"]) for c in choices)
         payload: dict[str, Any] = {
@@ -500,6 +554,9 @@ class FakeVLLM:
         }
         if with_ids:
             payload["prompt_token_ids"] = prompt
+        routing = self.routing(prompt + choices[0]["ids"], body)
+        if self.sglang and routing is not None and not body.get("return_meta_info"):
+            payload["sglext"] = {"routed_experts": routing}  # response level: the first choice's
         if fault.startswith("no_logprob") and out_choices[0]["logprobs"]:
             _drop_logprob(out_choices[0])
         if fault.startswith("bad_ids"):
@@ -645,8 +702,13 @@ class FakeVLLM:
                         },
                     }
                 )
+            sglext: dict[str, Any] = {}
+            routing = self.routing(prompt + choices[0]["ids"], body)
+            if self.sglang and routing is not None:
+                sglext["routed_experts"] = routing
             if self.sglang and body.get("return_output_ids_in_sglext"):
-                sglext = {"input_ids": prompt, "output_ids": [c["ids"] for c in choices]}
+                sglext |= {"input_ids": prompt, "output_ids": [c["ids"] for c in choices]}
+            if sglext:
                 await send({**chunk_base, "choices": [], "sglext": sglext})
             await resp.write(b"data: [DONE]\n\n")
         except _Ended:

@@ -45,12 +45,11 @@ from rolltap.store.writer import (
 )
 
 FINAL_STATUSES = {
-    RolloutStatus.FINISHED,
+    RolloutStatus.SUCCEEDED,
     RolloutStatus.FAILED,
     RolloutStatus.TIMED_OUT,
     RolloutStatus.CANCELLED,
     RolloutStatus.BUDGET_EXCEEDED,
-    RolloutStatus.EXPIRED,
 }
 _FINAL_VALUES = {s.value for s in FINAL_STATUSES}
 _UPDATABLE = {

@@ -33,7 +33,7 @@ EVERY_COMMAND = (
 async def _store(url: str) -> str:
     store = await Store.connect(url)
     created = await store.create_rollout(NewRollout(batch_id="b", task_id="t"))
-    await store.update_rollout(created.id, status="succeeded", reward=1.0)
+    await store.update_rollout(created.id, status="finished", reward=1.0)
     await store.close()
     return created.id
 

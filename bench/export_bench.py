@@ -97,7 +97,7 @@ async def build_store(
                 sequence = sequence.copy()
                 sequence[-COMPLETION // 2] = (sequence[-COMPLETION // 2] + 1) % VOCAB
             prompt = np.concatenate([sequence, local.integers(0, VOCAB, CONTEXT).astype(np.int32)])
-        await store.update_rollout(rid, status="succeeded", reward=float(rng.random()))
+        await store.update_rollout(rid, status="finished", reward=float(rng.random()))
 
     start = time.perf_counter()
     await asyncio.gather(*(rollout(i, rid) for i, rid in enumerate(ids)))

@@ -260,7 +260,7 @@ async def ray_section(args: argparse.Namespace, tmp: str) -> None:
                     db=db,
                 )
                 elapsed = time.perf_counter() - start
-                ok = sum(1 for r in result.results if r.status.value == "succeeded")
+                ok = sum(1 for r in result.results if r.status.value == "finished")
                 print(
                     f"  {nodes} node(s): {len(result.results) / elapsed * 60:7.0f} rollouts/min "
                     f"({elapsed:.1f} s, {ok} succeeded)"

@@ -185,7 +185,8 @@ async def update_rollout(request: web.Request) -> web.Response:
     unknown = set(body) - _UPDATE_FIELDS
     if unknown:
         raise BadRequest(f"cannot update {sorted(unknown)}")
-    if "status" in body and body["status"] not in _STATUSES:
+    if "status" in body and body["status"] not in (*_STATUSES, "succeeded"):
+        # "succeeded" is FINISHED's old name: clients written before the rename still work.
         raise BadRequest(f"status {body['status']!r} is not one of {', '.join(_STATUSES)}")
     try:
         await ctx.store.update_rollout(rollout_id, **body)

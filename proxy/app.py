@@ -16,6 +16,7 @@ from rolltap.proxy.chat import chat_completions
 from rolltap.proxy.context import CONTEXT, ProxyContext, ProxySettings
 from rolltap.proxy.control_bus import bus_for
 from rolltap.proxy.errors import UpstreamUnavailable
+from rolltap.proxy.expiry import expiring
 from rolltap.proxy.gate import Gate
 from rolltap.proxy.handles import Handles
 from rolltap.proxy.intake import release_at_end
@@ -136,6 +137,7 @@ def make_app(
             extend(app, ctx)
         app.cleanup_ctx.append(_client_session)
         app.cleanup_ctx.append(_forgetting)
+        app.cleanup_ctx.append(expiring)
         app.cleanup_ctx.append(_replicas)
     return app
 

@@ -53,6 +53,9 @@ class ProxySettings:
     secret: str | None = field(default=None, repr=False)
     """Signs the references handed to clients (thinking signatures, Responses encrypted_content);
     None keeps a generated one beside the database (proxy/secret.py)."""
+    rollout_expiry_seconds: float = 3600.0
+    """A rollout outside any batch, unfinished, with no call for this long ends `expired`
+    (proxy/expiry.py); 0 never."""
     idle_rollout_seconds: float = 600.0
     """A rollout that made no call for this long leaves the proxy's memory (it is read from the
     store again on its next call; finished rollouts leave at once)."""

@@ -227,6 +227,12 @@ class Rollouts:
         if digest is not None and (state is None or not state.budget.in_flight):
             self._drop(digest)
 
+    def busy(self, rollout_id: str) -> bool:
+        """Whether a call of the rollout is in flight in this process."""
+        digest = self._digests.get(rollout_id)
+        state = None if digest is None else self._by_hash.get(digest)
+        return state is not None and bool(state.budget.in_flight)
+
     def sweep(self, idle: float) -> list[str]:
         """Drop states unused for `idle` seconds (none with calls in flight); their ids."""
         cutoff = time.monotonic() - idle

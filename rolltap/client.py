@@ -141,6 +141,9 @@ class Sample:
     "flag" (its calls went on), or None."""
     relaunch_of: str | None = None
     """The attempt this one replaces, stopped for staleness (`stale: "relaunch"`)."""
+    verdict: str = "unverified"
+    """Whether the task passed, from the reward: passed, partial, failed or unverified
+    (`status` says only how the run ended)."""
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,6 @@ def to_slime(
 def _slime_status(sample: Sample, t: Trajectory) -> str:
     if sample.status == "cancelled":
         return "aborted"
-    if sample.status not in ("succeeded", "timed_out", "budget_exceeded"):
+    if sample.status not in ("finished", "timed_out", "budget_exceeded"):
         return "failed"
     return "truncated" if t.finish_reason == "length" else "completed"

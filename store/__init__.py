@@ -12,7 +12,14 @@ from rolltap.store.errors import (
     WriterClosed,
 )
 from rolltap.store.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
-from rolltap.store.models import CallDialect, CallStatus, Capture, EgressVerdict, RolloutStatus
+from rolltap.store.models import (
+    CallDialect,
+    CallStatus,
+    Capture,
+    EgressVerdict,
+    RolloutStatus,
+    Verdict,
+)
 from rolltap.store.reader import StoreReader, open
 from rolltap.store.records import (
     BatchView,
@@ -67,6 +74,7 @@ __all__ = [
     "StoreReader",
     "StoreState",
     "StoreStatus",
+    "Verdict",
     "WriterClosed",
     "open",
     "resolve_url",

@@ -4,7 +4,9 @@ Parquet columns: the token arrays as list<int32> (``prompt_ids``, ``response_ids
 (``loss_mask``) and list<float32> (``logprobs``), then one scalar column per `Trajectory` field
 (the link flattened into ``parent_segment``, ``link_kind``, ``branch_call_id``, ``branch_choice``,
 ``branch_position``, ``drift``, ``drift_detail`` as JSON text), and ``head_hash``: the rollout's
-sealed hash-chain head (store/chain.py), null while it runs. ``routed_experts`` (binary: the C-order
+sealed hash-chain head (store/chain.py), null while it runs. ``reward`` is the rollout's, the
+same on each of its ``n_segments`` rows; ``is_replay``/``replay_of`` mark a replay of another
+rollout (the same tokens a second time). ``routed_experts`` (binary: the C-order
 little-endian bytes of the trajectory's routed experts, store/routed.py) with
 ``routed_experts_dtype`` (uint8, uint16, int32) and ``routed_experts_shape`` ([n_tokens - 1,
 layers, top-k], or [n_tokens - 1, layers * top-k] from SGLang), all null when it has none. JSON
@@ -63,6 +65,9 @@ SCHEMA = pa.schema(
         ("drift", pa.string()),
         ("drift_detail", pa.string()),
         ("head_hash", pa.string()),
+        ("n_segments", pa.int32()),
+        ("is_replay", pa.bool_()),
+        ("replay_of", pa.string()),
         ("routed_experts", pa.binary()),
         ("routed_experts_dtype", pa.string()),
         ("routed_experts_shape", pa.list_(pa.int32())),
@@ -198,6 +203,9 @@ def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
         "drift": None if drift is None else drift.kind.value,
         "drift_detail": None if drift is None else json.dumps(drift.as_dict()),
         "head_hash": t.head_hash,
+        "n_segments": t.n_segments,
+        "is_replay": t.replay_of is not None,
+        "replay_of": t.replay_of,
         "routed_experts_dtype": None if routing is None else routing.dtype.name,
         "routed_experts_shape": None if routing is None else list(routing.shape),
     }
@@ -255,6 +263,7 @@ def rollout_dict(built: RolloutTrajectories) -> dict[str, Any]:
             "id": r.id,
             "status": r.status.value,
             "reward": r.reward,
+            "verdict": r.verdict.value,
             "batch_id": r.batch_id,
             "task_id": r.task_id,
             "sample_index": r.sample_index,

@@ -67,13 +67,48 @@ class Base(DeclarativeBase):
 
 
 class RolloutStatus(enum.StrEnum):
+    """How a rollout's run ended: its harness and verifier, not whether the task passed (that
+    is its reward, read as a `Verdict`)."""
+
     PENDING = "pending"
     RUNNING = "running"
-    SUCCEEDED = "succeeded"
+    FINISHED = "finished"
+    """The harness ended on its own and the verifier gave a reward (which may be 0)."""
     FAILED = "failed"
+    """The harness or the verifier broke (an infrastructure or protocol failure)."""
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     BUDGET_EXCEEDED = "budget_exceeded"
+    EXPIRED = "expired"
+    """Nobody finished it: no call for the proxy's idle expiry (a rollout made by hand)."""
+    SUCCEEDED = "finished"
+    """The old name of FINISHED ("succeeded" read as "passed"); the value is FINISHED's."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> RolloutStatus | None:
+        # Stores migrated from "succeeded", and clients that still send it, mean FINISHED.
+        return cls.FINISHED if value == "succeeded" else None
+
+
+class Verdict(enum.StrEnum):
+    """Whether the task passed, from the verifier's reward (README, Train on it)."""
+
+    PASSED = "passed"
+    """reward >= 1.0"""
+    PARTIAL = "partial"
+    """0 < reward < 1"""
+    FAILED = "failed"
+    """reward <= 0"""
+    UNVERIFIED = "unverified"
+    """No reward: the verifier did not run (or the rollout has not ended)."""
+
+    @classmethod
+    def of(cls, reward: float | None, pass_reward: float = 1.0) -> Verdict:
+        if reward is None or reward != reward:  # NaN: no verdict either
+            return cls.UNVERIFIED
+        if reward >= pass_reward:
+            return cls.PASSED
+        return cls.PARTIAL if reward > 0 else cls.FAILED
 
 
 class CallStatus(enum.StrEnum):
@@ -135,6 +170,9 @@ class Rollout(Base):
     """The hash of the highest-seq call when the rollout ended: the head of its chain (chain.py)."""
     head_seq: Mapped[int | None] = mapped_column(Integer)
     """That call's seq (0: the rollout ended without calls)."""
+    hack_flags: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """What the reward-hack detectors flagged (store/hacks.py): None when never checked, [] when
+    checked and clean. Non-empty flags are sealed into `head_hash` (chain.py)."""
 
     __table_args__ = (
         CheckConstraint(_in("status", RolloutStatus), name="status"),

@@ -9,9 +9,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, bindparam, case, exists, func, null, select
+from sqlalchemy import Row, Select, bindparam, case, exists, func, null, or_, select
 from sqlalchemy.engine import Connection, Dialect
 
 from rolltap.store import compress
@@ -146,7 +147,8 @@ def rollouts(
     if batch is not None:
         query = query.where(R.c.batch_id.in_([batch] if isinstance(batch, str) else batch))
     if status is not None:
-        query = query.where(R.c.status.in_([status] if isinstance(status, str) else status))
+        wanted = [status] if isinstance(status, str) else status
+        query = query.where(R.c.status.in_([_status_value(s) for s in wanted]))
     if ids is not None:
         query = query.where(R.c.id.in_(ids))
     if task is not None:
@@ -523,6 +525,23 @@ def first_weight_version(conn: Connection, rollout_id: str) -> str | None:
     ).scalar()
 
 
+def idle_unbatched(conn: Connection, cutoff: datetime) -> list[str]:
+    """Rollouts outside any batch (made by hand, by open mode or POST /admin/rollouts) still
+    pending or running whose latest call, or creation when they have none, is before `cutoff`:
+    nobody will finish them (runner/batch.py and the service end their own)."""
+    latest = select(func.max(C.c.received_at)).where(C.c.rollout_id == R.c.id).scalar_subquery()
+    return list(
+        conn.execute(
+            select(R.c.id).where(
+                R.c.batch_id.is_(None),
+                R.c.status.in_([RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value]),
+                R.c.created_at < cutoff,
+                or_(latest.is_(None), latest < cutoff),
+            )
+        ).scalars()
+    )
+
+
 def lock_rollout(conn: Connection, rollout_id: str) -> None:
     """Hold a rollout's row until the transaction ends (PostgreSQL; SQLite's writer holds the
     whole database already), so no other writer appends a call meanwhile."""
@@ -571,3 +590,11 @@ def bridging(conn: Connection, rollout_id: str | None, batch_id: str | None) -> 
         )
     counts = {str(outcome): int(n) for outcome, n in conn.execute(query)}
     return Bridging(counts) if counts else None
+
+
+def _status_value(word: str) -> str:
+    """A status as stored: an old word (`succeeded`) reads as its new one."""
+    try:
+        return RolloutStatus(word).value
+    except ValueError:
+        return word

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rolltap.store.models import CallDialect, CallStatus, Capture, RolloutStatus
+from rolltap.store.models import CallDialect, CallStatus, Capture, RolloutStatus, Verdict
 from rolltap.store.packing import IdArray, LogprobArray, RoutingArray
 
 # --- written -------------------------------------------------------------------------------
@@ -146,6 +146,11 @@ class RolloutView:
     key_revoked_at: datetime | None = None
     """Set when the harness ended: the proxy refuses the key's calls from then on."""
 
+    @property
+    def verdict(self) -> Verdict:
+        """Whether the task passed (its reward); `status` says only how the run ended."""
+        return Verdict.of(self.reward)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON values under stable names (`rolltap ls --json`); times are ISO 8601 UTC."""
         return {
@@ -158,6 +163,7 @@ class RolloutView:
             "model": self.model,
             "status": self.status.value,
             "reward": self.reward,
+            "verdict": self.verdict.value,
             "reward_details": self.reward_details,
             "error": self.error,
             "max_calls": self.max_calls,

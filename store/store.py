@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -45,11 +45,12 @@ from rolltap.store.writer import (
 )
 
 FINAL_STATUSES = {
-    RolloutStatus.SUCCEEDED,
+    RolloutStatus.FINISHED,
     RolloutStatus.FAILED,
     RolloutStatus.TIMED_OUT,
     RolloutStatus.CANCELLED,
     RolloutStatus.BUDGET_EXCEEDED,
+    RolloutStatus.EXPIRED,
 }
 _FINAL_VALUES = {s.value for s in FINAL_STATUSES}
 _UPDATABLE = {
@@ -213,6 +214,11 @@ class Store:
 
     async def last_backend(self, rollout_id: str) -> str | None:
         return await self.db.read(queries.last_backend, rollout_id)
+
+    async def idle_unbatched(self, idle_seconds: float) -> list[str]:
+        """Unfinished rollouts outside any batch with no call for `idle_seconds` (queries.py)."""
+        cutoff = datetime.now(UTC) - timedelta(seconds=idle_seconds)
+        return await self.db.read(queries.idle_unbatched, cutoff)
 
     async def first_weight_version(self, rollout_id: str) -> str | None:
         return await self.db.read(queries.first_weight_version, rollout_id)

@@ -6,7 +6,7 @@ Reading
 
     import rolltap.store
     with rolltap.store.open("postgresql+asyncpg://rl@db/rolltap") as store:
-        for t in store.trajectories(batch="step-12", status="succeeded"):
+        for t in store.trajectories(batch="step-12", status="finished"):
             t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs, t.reward
 
 One `Trajectory` per segment (a rollout can yield several). A segment is a run of calls whose
@@ -60,7 +60,7 @@ in their own context), but the harness changed them before the model saw them ag
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -100,6 +100,7 @@ from rolltap.store.packing import (
     unpack_logprobs,
 )
 from rolltap.store.records import ChoiceTokens, RolloutView
+from rolltap.store.replay import REPLAY_OF
 from rolltap.store.segments import (
     Assembly,
     CallInput,
@@ -178,6 +179,12 @@ class Trajectory:
     """The rollout's share of sampled tokens still in the context they were sampled in."""
     head_hash: str | None = None
     """The rollout's sealed hash-chain head (store/chain.py): which record this came from."""
+    n_segments: int = 1
+    """How many trajectories its rollout has: `reward` is the rollout's, repeated on each of
+    them, so weight a row by 1 / n_segments to count each rollout once."""
+    replay_of: str | None = None
+    """The rollout this one replays (`rolltap replay`): its tokens came from that record, so a
+    trainer must not count them twice."""
     routed_experts: RoutingArray | None = None
     """The MoE experts each token was routed to (R3), row i for token i of `prompt_ids` then
     `response_ids` (n_tokens - 1 rows: the last token was never forwarded), from the segment's
@@ -406,7 +413,14 @@ def _rollout_trajectories(
     )
     trajectories = [
         _trajectory(
-            rollout, segment, a, drifts.get(segment.index), meta, faithfulness.share, routing or {}
+            rollout,
+            segment,
+            a,
+            drifts.get(segment.index),
+            meta,
+            faithfulness.share,
+            routing or {},
+            len(assembly.segments),
         )
         for segment, a in zip(assembly.segments, arrays, strict=True)
     ]
@@ -422,6 +436,12 @@ def _rollout_trajectories(
     )
 
 
+def replay_of(meta: Mapping[str, Any]) -> str | None:
+    """The rollout a replay rollout replays (`meta["replay_of"]`, store/replay.py), else None."""
+    found = meta.get(REPLAY_OF)
+    return found if isinstance(found, str) else None
+
+
 def _call_ids(assembly: Assembly) -> set[str]:
     ids = {p.call.id for s in assembly.segments for p in s.pieces}
     return ids | {s.call_id for s in assembly.skipped} | set(assembly.text_only)
@@ -435,6 +455,7 @@ def _trajectory(
     meta: dict[str, _CallMeta],
     share: float,
     routing: dict[routed.Key, routed.StoredRouting],
+    n_segments: int,
 ) -> Trajectory:
     n = arrays.prompt_len
     link = segment.link
@@ -468,6 +489,8 @@ def _trajectory(
         has_logprobs=arrays.has_logprobs,
         rollout_faithfulness=share,
         head_hash=rollout.head_hash,
+        n_segments=n_segments,
+        replay_of=replay_of(rollout.meta),
         routed_experts=routed.for_sequence(routing, (last.call.id, last.choice), len(arrays.ids)),
     )
 

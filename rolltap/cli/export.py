@@ -13,12 +13,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rolltap.cli.ids import batch_filter
 from rolltap.cli.options import db_option, tokenizer_option
 from rolltap.cli.signing import secret_option, signing_key
-from rolltap.store import RolloutView, StoreReader
+from rolltap.store import RolloutStatus, RolloutView, StoreReader, Verdict
 from rolltap.store import open as open_store
 from rolltap.store.atif import rollout_atif
 from rolltap.store.detokenizer import HFDetokenizer
 from rolltap.store.export import open_writer, write_all
 from rolltap.store.signature import sign
+from rolltap.store.trajectory import replay_of
 
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "atif": ".json"}
 _DEFAULT_OUT = {"parquet": "trajectories.parquet", "jsonl": "trajectories.jsonl"}
@@ -53,8 +54,16 @@ def _filters(batch: str | None, status: str | None, rollouts: tuple[str, ...]) -
 @click.command()
 @db_option
 @click.option("--batch", help="Only rollouts of this batch.")
-@click.option("--status", help="Only rollouts with this status (e.g. succeeded).")
+@click.option("--status", help="Only rollouts with this status (e.g. finished).")
 @click.option("--rollout", "rollouts", multiple=True, help="Only this rollout (repeatable).")
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Every selected rollout. Default: only what a trainer takes as it comes, rollouts "
+    "that ended with the verifier's reward (finished, timed_out, budget_exceeded) and are not "
+    "replays of another; --status or --rollout pick explicitly.",
+)
 @click.option(
     "--format",
     "fmt",
@@ -82,6 +91,7 @@ def export(
     batch: str | None,
     status: str | None,
     rollouts: tuple[str, ...],
+    everything: bool,
     fmt: str | None,
     out: Path | None,
     sign_export: bool,
@@ -98,6 +108,19 @@ def export(
         views = store.rollouts(batch=batch, status=status, ids=selected, oldest_first=True)
         if not views:
             raise click.ClickException(f"no rollouts match {_filters(batch, status, rollouts)}")
+        if not (everything or status or selected):
+            views, left_out = _trainable(views)
+            if not views:
+                raise click.ClickException(
+                    f"none of the {left_out} rollouts matching {_filters(batch, status, rollouts)} "
+                    "ended with a reward (or they are replays): --all exports them anyway"
+                )
+            if left_out:
+                click.echo(
+                    f"left out {left_out} rollouts that did not end with a reward or are "
+                    "replays (--all exports them too)",
+                    err=True,
+                )
         if sign_export:
             # Sign only what verifies: a signature must never vouch for an altered record.
             key = signing_key(db_url, secret, create=True)
@@ -105,23 +128,39 @@ def export(
         if fmt == "atif":
             _export_atif(store, views, out)
         else:
-            _export_rows(store, fmt, out, batch, status, selected, tokenizer)
+            _export_rows(store, fmt, out, [v.id for v in views], tokenizer)
     if sign_export:
         click.echo(f"signed: {sign(out, fmt, views, chains, key)}")
+
+
+_TRAINABLE = frozenset(
+    {RolloutStatus.FINISHED, RolloutStatus.TIMED_OUT, RolloutStatus.BUDGET_EXCEEDED}
+)
+"""Statuses whose rollouts the verifier rewarded (README, Train on it)."""
+
+
+def _trainable(views: list[RolloutView]) -> tuple[list[RolloutView], int]:
+    """The rollouts a trainer takes as they come (a reward, not a replay), and how many not."""
+    kept = [
+        v
+        for v in views
+        if v.status in _TRAINABLE
+        and v.verdict is not Verdict.UNVERIFIED
+        and replay_of(v.meta) is None
+    ]
+    return kept, len(views) - len(kept)
 
 
 def _export_rows(
     store: StoreReader,
     fmt: str,
     out: Path,
-    batch: str | None,
-    status: str | None,
-    selected: list[str] | None,
+    selected: list[str],
     tokenizer: Path | None,
 ) -> None:
     detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
     console = Console(stderr=True)
-    total = len(store.rollouts(batch=batch, status=status, ids=selected))
+    total = len(selected)
     writer = open_writer(fmt, out)
     try:
         with Progress(
@@ -135,9 +174,7 @@ def _export_rows(
         ) as progress:
             task = progress.add_task("export", total=total)
             stats = write_all(
-                store.iter_rollout_trajectories(
-                    batch=batch, rollouts=selected, status=status, detokenizer=detokenizer
-                ),
+                store.iter_rollout_trajectories(rollouts=selected, detokenizer=detokenizer),
                 writer,
                 on_rollout=lambda _: progress.advance(task),
             )

@@ -71,7 +71,8 @@ def ls(
 
     console = console_for_output()
     table = Table(box=None, header_style="bold")
-    for column in ("rollout", "created", "status", "reward", "calls", "tokens", "batch", "task"):
+    columns = ("rollout", "created", "status", "reward", "verdict", "calls", "tokens", "batch")
+    for column in (*columns, "task"):
         numeric = column in ("reward", "calls", "tokens")
         table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
     for r in rollouts:
@@ -80,6 +81,7 @@ def ls(
             when(r.created_at),
             r.status.value,
             "-" if r.reward is None else f"{r.reward:g}",
+            r.verdict.value,
             str(r.n_calls),
             str(r.n_tokens),
             r.batch_id or "-",

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rolltap.runner import BatchProgress, RolloutResult
+from rolltap.store import Verdict
 
 T = TypeVar("T")
 
@@ -73,9 +74,10 @@ def with_progress(
 
 
 def rollout_line(n: int, total: int, r: RolloutResult) -> str:
-    """`[3/16] hello-file#0 succeeded, reward 0 in 41 s: FAIL: hello.txt is missing`: the
-    error, else the verifier's last line."""
-    reward = "-" if r.reward is None else f"{r.reward:g}"
+    """`[3/16] hello-file#0 finished, reward 0 (failed) in 41 s: FAIL: hello.txt is missing`:
+    how the run ended, the reward and its verdict, then the error, else the verifier's last
+    line."""
+    reward = "-" if r.reward is None else f"{r.reward:g} ({Verdict.of(r.reward).value})"
     reason = r.error or last_line(r.verifier_tail)
     seconds = r.seconds.get("total")
     took = "" if seconds is None else f" in {seconds:.0f} s"

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from rolltap.cli.progress import last_line
 from rolltap.runner import BatchResult, BatchSummary
+from rolltap.store import Verdict
 
 _EXPLAINED = 8
 """Rollouts short of full reward explained one by one; past that, `rolltap ls` lists them."""
@@ -55,7 +56,7 @@ def explain(console: Console, result: BatchResult, db_url: str | None) -> None:
         return
     console.print(f"[bold]why {len(short)} rollout{'s' * (len(short) != 1)} fell short[/bold]")
     for r in short[:_EXPLAINED]:
-        reward = "-" if r.reward is None else f"{r.reward:g}"
+        reward = "-" if r.reward is None else f"{r.reward:g} ({Verdict.of(r.reward).value})"
         console.print(f"  {escape(r.task_id)}#{r.sample_index} {r.status.value}, reward {reward}")
         if r.error:
             console.print(f"    error:    {escape(r.error[:300])}")

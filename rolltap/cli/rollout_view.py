@@ -49,7 +49,9 @@ def when(t: datetime) -> str:
 
 
 def _header(console: Console, r: RolloutView) -> None:
-    console.print(f"[bold]rollout {r.id}[/bold]  {r.status.value}  reward {r.reward}")
+    console.print(
+        f"[bold]rollout {r.id}[/bold]  {r.status.value}  reward {r.reward}  {r.verdict.value}"
+    )
     console.print(
         f"  task {escape(task_label(r))}  batch {escape(r.batch_id or '-')}  "
         f"harness {r.harness or '-'}  model {escape(r.model or '-')}  created {when(r.created_at)}"

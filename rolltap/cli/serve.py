@@ -77,6 +77,16 @@ from rolltap.store.url import resolve_url
 @engine_arg_option
 @click.option("--weight-version", help="Weight version recorded until /admin/resume sets one.")
 @click.option(
+    "--rollout-expiry",
+    "rollout_expiry",
+    default=3600.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="A rollout outside any batch (made by hand, --open, POST /admin/rollouts) with no call "
+    "for this long ends `expired`; 0: never.",
+)
+@click.option(
     "--no-cache-salt",
     "no_cache_salt",
     is_flag=True,
@@ -155,6 +165,7 @@ def serve(
     device: str,
     engine_args: tuple[str, ...],
     weight_version: str | None,
+    rollout_expiry: float,
     no_cache_salt: bool,
     runner: bool,
     runner_sandboxes: str,
@@ -192,6 +203,7 @@ def serve(
         workers=workers,
         token_in=token_in,
         cache_salt=not no_cache_salt,
+        rollout_expiry_seconds=rollout_expiry,
         capture_routed_experts=capture_routed_experts,
     )
     resolve_url(db_url)  # a bad URL fails here, before an engine is started for nothing

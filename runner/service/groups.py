@@ -185,6 +185,7 @@ def _sample(built: RolloutTrajectories, staleness: int | None, stale: bool) -> d
         "attempt": view.attempt,
         "status": view.status.value,
         "reward": view.reward,
+        "verdict": view.verdict.value,
         "error": view.error,
         "n_calls": view.n_calls,
         "n_tokens": view.n_tokens,

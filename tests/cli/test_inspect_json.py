@@ -25,6 +25,7 @@ ROLLOUT_FIELDS = [
     "model",
     "status",
     "reward",
+    "verdict",
     "reward_details",
     "error",
     "max_calls",
@@ -82,7 +83,7 @@ def _populate(url: str) -> tuple[str, str]:
         refused = call(new.id, [], status=CallStatus.REJECTED, http_status=403)
         refused.error = "budget spent"
         await store.append_call(refused)
-        await store.update_rollout(new.id, status="succeeded", reward=1.0)
+        await store.update_rollout(new.id, status="finished", reward=1.0)
         await store.close()
         return old.id, new.id
 
@@ -101,7 +102,7 @@ def test_ls_json_is_one_object_per_rollout_newest_first(tmp_path: Path) -> None:
     assert all(list(r) == ROLLOUT_FIELDS for r in rows)
     first = rows[0]
     assert (first["status"], first["reward"], first["n_calls"], first["harness"]) == (
-        "succeeded",
+        "finished",
         1.0,
         3,
         "h",

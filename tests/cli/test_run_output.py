@@ -31,7 +31,7 @@ def test_a_batch_says_what_happened_to_each_rollout_and_why(tmp_path: Path) -> N
     assert ran.returncode == 1, ran.stderr
     out = ran.stdout
     finished = re.findall(
-        r"^\[(\d)/2\] (\w+)#0 succeeded, reward (\d)(?: in \d+ s)?(.*)$", out, re.M
+        r"^\[(\d)/2\] (\w+)#0 finished, reward (\d) \(\w+\)(?: in \d+ s)?(.*)$", out, re.M
     )
     assert sorted(finished) == [
         ("1", "good", "1", ""),
@@ -41,7 +41,7 @@ def test_a_batch_says_what_happened_to_each_rollout_and_why(tmp_path: Path) -> N
         ("2", "good", "1", ""),
     ]
     why = out[out.index("why 1 rollout fell short") :]
-    assert "bad#0 succeeded, reward 0" in why
+    assert "bad#0 finished, reward 0 (failed)" in why
     assert "harness:  ended finished\n" in why
     assert "verifier: FAIL: hello.txt is missing" in why
     rollout = re.search(r"show:\s+rolltap show (\w+) --db s.sqlite$", why, re.M).group(1)  # type: ignore[union-attr]

@@ -42,7 +42,7 @@ def _store(url: str) -> list[tuple[str, list[str]]]:
                     response_body=json.dumps(reply).encode(),
                 )
                 ids.append((await store.append_call(record)).call_id)
-            await store.update_rollout(rollout.id, status="succeeded", reward=1.0)
+            await store.update_rollout(rollout.id, status="finished", reward=1.0)
             made.append((rollout.id, ids))
         await store.close()
         return made

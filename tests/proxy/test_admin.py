@@ -52,9 +52,9 @@ async def test_rollouts_through_the_admin_api(store: Store, sdk: OpenAIFactory) 
                 session,
                 "PATCH",
                 f"{proxy.url}/admin/rollouts/{created['id']}",
-                json={"status": "succeeded", "reward": 1.0},
+                json={"status": "finished", "reward": 1.0},
             )
-            assert (status, done["status"], done["reward"]) == (200, "succeeded", 1.0)
+            assert (status, done["status"], done["reward"]) == (200, "finished", 1.0)
             status, error = await _json(
                 session,
                 "PATCH",
@@ -63,8 +63,8 @@ async def test_rollouts_through_the_admin_api(store: Store, sdk: OpenAIFactory) 
             )
             assert (status, error["error"]["message"]) == (
                 400,
-                "status 'done' is not one of pending, running, succeeded, failed, timed_out, "
-                "cancelled, budget_exceeded",
+                "status 'done' is not one of pending, running, finished, failed, timed_out, "
+                "cancelled, budget_exceeded, expired",
             )
 
             status, error = await _json(session, "GET", f"{proxy.url}/admin/rollouts/nope")
@@ -252,7 +252,7 @@ async def test_trajectory_of_a_finished_rollout(store: Store, sdk: OpenAIFactory
                 session,
                 "PATCH",
                 f"{proxy.url}/admin/rollouts/{created.id}",
-                json={"status": "succeeded", "reward": 0.5},
+                json={"status": "finished", "reward": 0.5},
             )
             status, doc = await _json(
                 session, "GET", f"{proxy.url}/admin/rollouts/{created.id}/trajectory"

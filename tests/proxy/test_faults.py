@@ -216,7 +216,7 @@ async def test_unknown_key_is_401_and_never_attributed(store: Store, sdk: OpenAI
 async def test_finished_rollout_takes_no_more_calls(store: Store, sdk: OpenAIFactory) -> None:
     async with fake_engine() as engine, running_proxy(store, engine.url) as proxy:
         rollout_id, key = await new_rollout(store)
-        await store.update_rollout(rollout_id, status="succeeded")
+        await store.update_rollout(rollout_id, status="finished")
         client = sdk(f"{proxy.url}/r/{key}/v1", max_retries=0)
 
         with pytest.raises(openai.PermissionDeniedError, match="takes no more calls"):

@@ -61,7 +61,7 @@ async def test_finished_rollouts_leave_the_proxys_caches(store: Store) -> None:
                 await store.update_rollout(rollout_id, status="failed")
                 continue
             async with session.patch(
-                f"{proxy.url}/admin/rollouts/{rollout_id}", json={"status": "succeeded"}
+                f"{proxy.url}/admin/rollouts/{rollout_id}", json={"status": "finished"}
             ) as resp:
                 assert resp.status == 200
         assert _cached(proxy.ctx) == (0, 0, 0)

@@ -341,8 +341,8 @@ async def test_the_admin_api_serves_the_stored_report(store: Store) -> None:
                 calls=proxy.ctx.replay.results(),
                 recorded_reward=1.0,
                 replayed_reward=1.0,
-                recorded_status="succeeded",
-                replayed_status="succeeded",
+                recorded_status="finished",
+                replayed_status="finished",
                 normalization=VERSION,
             )
             await store.update_rollout(replay_id, meta={REPORT_KEY: report.to_json()})

@@ -80,7 +80,8 @@ async def test_a_batch_through_the_api_delivers_every_group_with_its_trajectorie
         for sample in group.samples:
             (stored,) = [t async for t in store.trajectories(rollouts=sample.rollout_id)]
             (sent,) = sample.trajectories
-            assert sample.status == "succeeded"
+            assert sample.status == "finished"
+            assert sample.verdict == ("passed" if sample.reward == 1.0 else "failed")
             np.testing.assert_array_equal(sent.prompt_ids, stored.prompt_ids)
             np.testing.assert_array_equal(sent.response_ids, stored.response_ids)
             np.testing.assert_array_equal(sent.loss_mask, stored.loss_mask)
@@ -103,7 +104,7 @@ async def test_a_batch_through_the_api_delivers_every_group_with_its_trajectorie
     )
     data = status.data
     assert data["status"] == "done"
-    assert data["rollouts"] == {"total": 6, "by_status": {"succeeded": 6}}
+    assert data["rollouts"] == {"total": 6, "by_status": {"finished": 6}}
     assert data["groups"]["kept"] == 2
     assert data["pass_at_k"]["k"] == 3
     assert data["pass_at_k"]["pass@3"] == 1.0

@@ -111,7 +111,7 @@ async def _session(store: Store, dialect: str) -> str:
     ):
         rollout_id, key = await new_rollout(store, task_id=f"atif-{dialect}", harness="h")
         await SESSIONS[dialect](session, f"{proxy.url}/r/{key}")
-    await store.update_rollout(rollout_id, status="succeeded", reward=1.0)
+    await store.update_rollout(rollout_id, status="finished", reward=1.0)
     return rollout_id
 
 
@@ -153,7 +153,7 @@ async def test_a_session_becomes_steps_with_the_engines_token_ids(
         assert step["extra"]["rolltap"]["call_id"] == recorded.id
         assert step["extra"]["rolltap"]["hash"] == recorded.hash
     rolltap = doc["extra"]["rolltap"]
-    assert (rolltap["status"], rolltap["reward"]) == ("succeeded", 1.0)
+    assert (rolltap["status"], rolltap["reward"]) == ("finished", 1.0)
     assert rolltap["head_hash"] == calls[-1].hash
     assert doc["final_metrics"]["total_steps"] == 4
 

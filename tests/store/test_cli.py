@@ -20,7 +20,7 @@ def _populate(url: str) -> tuple[str, str]:
         new = await store.create_rollout(NewRollout(batch_id="b", task_id="new-task"))
         await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6, 7], purpose="title"))
         await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 7, 8], [9]))
-        await store.update_rollout(new.id, status="succeeded", reward=1.0)
+        await store.update_rollout(new.id, status="finished", reward=1.0)
         await store.close()
         return old.id, new.id
 
@@ -36,8 +36,8 @@ def test_ls_lists_newest_first_with_counts(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     lines = [line.split() for line in result.output.splitlines()[1:]]
     assert [line[0] for line in lines] == [new, old]
-    assert lines[0][3:7] == ["succeeded", "1", "2", "16"]
-    assert lines[1][3:7] == ["pending", "-", "0", "0"]
+    assert lines[0][3:8] == ["finished", "1", "passed", "2", "16"]
+    assert lines[1][3:8] == ["pending", "-", "unverified", "0", "0"]
 
 
 def test_show_prints_one_line_per_call(tmp_path: Path) -> None:
@@ -76,11 +76,11 @@ def test_ls_batches_lists_each_batch_with_its_outcome(tmp_path: Path) -> None:
     header, row = result.output.splitlines()
     assert header.split()[:4] == ["batch", "started", "rollouts", "tasks"]
     cells = row.split()
-    assert (cells[0], cells[3:8]) == ("b", ["2", "2", "1", "1/1", "pending"])
+    assert (cells[0], cells[3:8]) == ("b", ["2", "2", "1", "1/1", "finished"])
     (line,) = as_json.output.splitlines()
     shown = json.loads(line)
     assert shown["batch_id"] == "b"
-    assert shown["statuses"] == {"pending": 1, "succeeded": 1}
+    assert shown["statuses"] == {"pending": 1, "finished": 1}
     assert shown["created_at"].endswith("+00:00")
     assert mixed.exit_code == 1
     assert "--batches lists every batch" in mixed.output

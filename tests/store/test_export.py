@@ -38,7 +38,7 @@ def _rollout(reader: StoreReader, batch: str, *, broken: bool, reward: float) ->
     reader.run(rec.call(messages, first, rec.answer("No.")))
     messages += [{"role": "assistant", "content": "HAVING"}, {"role": "user", "content": "More."}]
     reader.run(rec.call(messages, rec.answer("HAVING!")))
-    reader.run(reader.store.update_rollout(created.id, status="succeeded", reward=reward))
+    reader.run(reader.store.update_rollout(created.id, status="finished", reward=reward))
     return created.id
 
 
@@ -81,9 +81,7 @@ def test_jsonl_export_round_trips(reader: StoreReader, db_url: str, tmp_path: Pa
     _rollout(reader, "b1", broken=True, reward=1.0)
     out = tmp_path / "t.jsonl"
 
-    result = CliRunner().invoke(
-        export, ["--db", db_url, "--status", "succeeded", "--out", str(out)]
-    )
+    result = CliRunner().invoke(export, ["--db", db_url, "--status", "finished", "--out", str(out)])
 
     assert result.exit_code == 0, result.output
     rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
@@ -109,3 +107,35 @@ def test_rollout_json_for_the_api(reader: StoreReader) -> None:
     assert broken["link"]["drift"]["kind"] == "retokenization"
     assert sibling["link"]["kind"] == "sibling"
     assert len(main["response_ids"]) == len(main["loss_mask"]) == len(main["logprobs"])
+
+
+def test_the_default_export_is_what_a_trainer_takes_as_it_comes(
+    reader: StoreReader, db_url: str, tmp_path: Path
+) -> None:
+    """Rewarded, non-replay rollouts by default, each row saying how many rows its rollout has
+    (reward repeats on each) and whether it replays another; --all exports the rest too."""
+    kept = _rollout(reader, "b", broken=True, reward=1.0)
+    replayed = _rollout(reader, "b", broken=False, reward=1.0)
+    cancelled = _rollout(reader, "b", broken=False, reward=0.0)
+    reader.run(reader.store.update_rollout(cancelled, status="cancelled", reward=None))
+    reader.run(reader.store.update_rollout(replayed, meta={"replay_of": kept}))
+    pending = reader.run(reader.store.create_rollout(NewRollout(batch_id="b", task_id="t"))).id
+    default, everything = tmp_path / "default.parquet", tmp_path / "all.parquet"
+
+    chosen = CliRunner().invoke(export, ["--db", db_url, "--batch", "b", "--out", str(default)])
+    every = CliRunner().invoke(
+        export, ["--db", db_url, "--batch", "b", "--all", "--out", str(everything)]
+    )
+
+    assert chosen.exit_code == 0, chosen.output
+    assert "left out 3 rollouts" in chosen.output
+    rows = pq.read_table(default).to_pylist()
+    assert {r["rollout_id"] for r in rows} == {kept}
+    assert {(r["n_segments"], r["is_replay"], r["replay_of"]) for r in rows} == {(3, False, None)}
+    assert len(rows) == 3, "n_segments counts the rows the reward repeats on"
+    assert every.exit_code == 0, every.output
+    all_rows = pq.read_table(everything).to_pylist()
+    assert {r["rollout_id"] for r in all_rows} == {kept, replayed, cancelled}  # pending: no calls
+    assert {r["replay_of"] for r in all_rows if r["is_replay"]} == {kept}
+    assert {r["status"] for r in all_rows if r["rollout_id"] == cancelled} == {"cancelled"}
+    assert pending not in {r["rollout_id"] for r in all_rows}

@@ -28,7 +28,7 @@ def _populate(url: str) -> tuple[list[str], str]:
                 created = await store.create_rollout(NewRollout(batch_id=batch, task_id="t"))
                 ids.append(created.id)
             receipt = await store.append_call(call(ids[0], [1, 2, 3], [4, 5]))
-            await store.update_rollout(ids[0], status="succeeded", reward=1.0)
+            await store.update_rollout(ids[0], status="finished", reward=1.0)
             return ids, receipt.call_id
         finally:
             await store.close()
@@ -83,7 +83,7 @@ def test_every_command_that_takes_an_id_takes_a_prefix(tmp_path: Path) -> None:
     assert f'"id": "{ids[0]}"' in ok("show", first.lower(), "--json")
     listed = ok("ls", "--batch", "b-o").splitlines()
     assert [line.split()[0] for line in listed[1:]] == [ids[0]]
-    assert f"rollout {ids[0]}  succeeded" in ok("audit", "verify", first)
+    assert f"rollout {ids[0]}  finished" in ok("audit", "verify", first)
     assert f"rollout {ids[1]}" in ok("audit", "verify", "--batch", "b-t")
     out = tmp_path / "one.jsonl"
     assert "from 1 rollouts" in ok("export", "--rollout", first, "--out", str(out))

@@ -42,7 +42,7 @@ async def _agent_rollout(store: Store) -> tuple[str, list[str]]:
             refused = call(rollout.id, [], status=CallStatus.REJECTED, http_status=400)
             refused.error = "request body is not valid JSON"
             ids.append((await store.append_call(refused)).call_id)
-    await store.update_rollout(rollout.id, status="succeeded", reward=1.0)
+    await store.update_rollout(rollout.id, status="finished", reward=1.0)
     return rollout.id, ids
 
 
@@ -308,7 +308,7 @@ async def test_writers_appending_to_one_rollout_keep_one_chain(db_url: str, writ
                 )
 
         await asyncio.gather(*(append(s, 10) for s in stores))
-        await stores[1].update_rollout(rollout.id, status="succeeded")
+        await stores[1].update_rollout(rollout.id, status="finished")
         result = await stores[2].verify_rollout(rollout.id)
     finally:
         for s in stores:

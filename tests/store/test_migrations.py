@@ -41,3 +41,38 @@ def test_db_command_on_unreachable_server_is_one_clear_line() -> None:
     assert result.exit_code == 1
     assert result.output.startswith("Error: cannot open the store at postgresql+asyncpg://bob:***@")
     assert "Traceback" not in result.output
+
+
+async def test_succeeded_becomes_finished_and_back(store: Store) -> None:
+    """The status-words migration rewrites stored rows both ways; expired exists only after it."""
+    from alembic import command
+    from sqlalchemy import text
+    from sqlalchemy.engine import Connection
+
+    from rolltap.store import RolloutStatus
+
+    done = (await store.create_rollout()).id
+    lost = (await store.create_rollout()).id
+    await store.update_rollout(done, status=RolloutStatus.FINISHED, reward=0.0)
+    await store.update_rollout(lost, status=RolloutStatus.EXPIRED)
+
+    def move(conn: Connection, revision: str, *, down: bool) -> None:
+        config = migrate.alembic_config()
+        config.attributes["connection"] = conn
+        (command.downgrade if down else command.upgrade)(config, revision)
+
+    async def statuses() -> dict[str, str]:
+        rows = await store.db.read(lambda c: c.execute(text("SELECT id, status FROM rollout")))
+        return {row[0]: row[1] for row in rows}
+
+    async def migrated(revision: str, *, down: bool) -> None:
+        async with store.db.writer.connect() as conn:
+            await conn.run_sync(move, revision, down=down)
+            await conn.commit()
+
+    await migrated("4114d9510933", down=True)
+    assert await statuses() == {done: "succeeded", lost: "cancelled"}
+    await migrated("head", down=False)
+    assert await statuses() == {done: "finished", lost: "cancelled"}
+    assert (await store.rollout(done)).status is RolloutStatus.FINISHED
+    assert RolloutStatus("succeeded") is RolloutStatus.FINISHED, "old clients' word still reads"

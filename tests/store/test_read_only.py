@@ -42,7 +42,7 @@ async def _fill(store: Store) -> dict[str, str]:
     await store.append_call(call(ids["clean"], [1, 2], [3]))
     await store.append_call(call(ids["clean"], [1, 2, 3, 8], [9]))
     for name, reward in [("broken", 1.0), ("clean", 0.0), ("half", 0.5)]:
-        await store.update_rollout(ids[name], status="succeeded", reward=reward)
+        await store.update_rollout(ids[name], status="finished", reward=reward)
     await store.analyze_rollout(ids["broken"])
     await store.analyze_rollout(ids["clean"])
     other = await store.create_rollout(NewRollout(batch_id="c", task_id="t9"))
@@ -151,7 +151,7 @@ async def test_batches_summarise_newest_first(db_url: str) -> None:
         batches = await store.batches()
         assert [b.batch_id for b in batches] == ["c", "b"]
         c, b = batches
-        assert (b.rollouts, b.tasks, b.statuses) == (3, 2, {"succeeded": 3})
+        assert (b.rollouts, b.tasks, b.statuses) == (3, 2, {"finished": 3})
         assert (b.rewarded, b.passed) == (3, 1)
         assert b.mean_reward == pytest.approx(0.5)
         assert b.finished_at is not None

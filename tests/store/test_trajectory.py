@@ -245,7 +245,7 @@ async def test_reward_and_selection_reach_the_reader(
     other = await _recorder(store, smollm2, batch_id="b2", task_id="t", sample_index=0)
     for rec in (wins, loses, other):
         await rec.call([SYSTEM, {"role": "user", "content": "Say yes."}], rec.answer("Yes."))
-    await store.update_rollout(wins.rollout_id, status="succeeded", reward=1.0)
+    await store.update_rollout(wins.rollout_id, status="finished", reward=1.0)
     await store.update_rollout(loses.rollout_id, status="failed", reward=0.0)
 
     seen = [t async for t in store.trajectories(batch="b1")]
@@ -254,7 +254,7 @@ async def test_reward_and_selection_reach_the_reader(
         (loses.rollout_id, 0.0),
     }
     with rolltap.store.open(db_url) as reader:
-        succeeded = list(reader.trajectories(batch="b1", status="succeeded"))
+        succeeded = list(reader.trajectories(batch="b1", status="finished"))
         by_id = list(reader.trajectories(rollouts=[other.rollout_id]))
     assert [(t.rollout_id, t.reward, t.task_id, t.sample_index) for t in succeeded] == [
         (wins.rollout_id, 1.0, "t", 0)

@@ -52,14 +52,14 @@ async def test_rollout_lifecycle_and_listing(store: Store) -> None:
     other = await store.create_rollout(NewRollout(batch_id="b2", task_id="z"))
     await store.update_rollout(first.id, status="running")
     await store.update_rollout(
-        first.id, status="succeeded", reward=0.5, reward_details={"reward": 0.5, "tests": 3}
+        first.id, status="finished", reward=0.5, reward_details={"reward": 0.5, "tests": 3}
     )
     await store.append_call(call(first.id, [1, 2, 3], [4, 5]))
 
     listed = await store.rollouts(batch="b1")
     assert [r.id for r in listed] == [second.id, first.id]
     done = await store.rollout(first.id)
-    assert (done.status.value, done.reward, done.n_calls, done.n_tokens) == ("succeeded", 0.5, 1, 5)
+    assert (done.status.value, done.reward, done.n_calls, done.n_tokens) == ("finished", 0.5, 1, 5)
     assert done.reward_details == {"reward": 0.5, "tests": 3}
     assert done.started_at is not None
     assert done.finished_at is not None

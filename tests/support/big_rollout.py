@@ -176,7 +176,7 @@ async def write_big_rollout(
         prompt = np.concatenate([prompt, sampled, ids(glue)])
     await store.update_rollout(
         rid,
-        status="succeeded",
+        status="finished",
         reward=1.0,
         meta={
             "verifier_tail": "1 passed in 0.03s",

@@ -109,7 +109,8 @@ async def test_rollout_page_shows_the_whole_story(viewer: tuple[Client, Store, M
     text = _text(page)
     calls = await store.calls(made.chat)
 
-    assert "succeeded" in text
+    assert "finished" in text
+    assert 'class="status v-passed"' in page, "how the run ended, and apart from it, the verdict"
     assert "reward 1" in text.lower()
     assert "PASSED tests/test_answer.py::test_capital" in text  # the tail, colour codes gone
     assert "\x1b" not in page
@@ -338,8 +339,8 @@ async def test_a_replay_report_is_on_both_rollout_pages(
             ],
             recorded_reward=1.0,
             replayed_reward=0.0,
-            recorded_status="succeeded",
-            replayed_status="succeeded",
+            recorded_status="finished",
+            replayed_status="finished",
             normalization="v1",
         )
         await store.update_rollout(replay, meta={REPLAY_OF: original, REPORT_KEY: report.to_json()})

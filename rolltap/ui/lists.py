@@ -11,13 +11,15 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from rolltap.runner.summary import current_attempts, summarize
-from rolltap.store import RolloutStatus, RolloutView
+from rolltap.store import RolloutStatus, RolloutView, lookup
 from rolltap.store.queries import DRIFT_FILTERS
 from rolltap.ui import charts
 from rolltap.ui.context import CONTEXT
 from rolltap.ui.errors import BadQuery
 
 STATUSES = tuple(s.value for s in RolloutStatus)
+UNBATCHED_SHOWN = 20
+"""The newest rollouts in no batch that the index page lists."""
 
 
 async def batches_page(request: web.Request) -> web.Response:
@@ -27,12 +29,18 @@ async def batches_page(request: web.Request) -> web.Response:
     rows = await ctx.store.batches(
         pass_reward=ctx.settings.pass_reward, limit=size + 1, offset=(page - 1) * size
     )
+    # Rollouts made through the proxy alone (POST /admin/rollouts, --open) are in no batch.
+    alone, unbatched = (
+        await ctx.store.db.read(lookup.unbatched, UNBATCHED_SHOWN) if page == 1 else (0, [])
+    )
     return ctx.templates.page(
         "batches.html",
         batches=rows[:size],
         page=page,
         more=len(rows) > size,
         pass_reward=ctx.settings.pass_reward,
+        alone=alone,
+        unbatched=unbatched,
     )
 
 

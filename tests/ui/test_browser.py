@@ -24,52 +24,11 @@ from rolltap.engine.model import default_gguf_path
 from rolltap.store import Store
 from tests.support.audit_rollouts import HOSTILE, Made, make_rollouts
 from tests.support.big_rollout import BigRollout, write_big_rollout
+from tests.ui.conftest import browser_missing
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--window-size=1400,1000",
-)
 WAIT = 60.0
-
-
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not path.exists():
-            return f"{path} is missing (Debian's chromium and chromium-driver: .ci/setup-browser)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    reason = _missing()
-    if reason is not None:
-        pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @dataclass(frozen=True)
@@ -84,8 +43,8 @@ def viewer(
     tmp_path_factory: pytest.TempPathFactory, smollm_engine: EngineProcess
 ) -> Iterator[Viewer]:
     """The real rollouts in a SQLite store, and `rolltap ui` serving it on a free port."""
-    if _missing() is not None:
-        pytest.skip(_missing())
+    if browser_missing() is not None:
+        pytest.skip(browser_missing())
     url = f"sqlite:///{tmp_path_factory.mktemp('ui-real') / 'store.sqlite'}"
 
     async def make() -> tuple[Made, BigRollout]:

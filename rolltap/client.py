@@ -40,7 +40,7 @@ import numpy.typing as npt
 import orjson
 
 from rolltap import wire
-from rolltap.store.analysis import LoopThread
+from rolltap.loop_thread import LoopThread
 
 __all__ = [
     "AsyncClient",

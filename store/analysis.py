@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
+from rolltap.loop_thread import LoopThread
 from rolltap.store import trajectory
 from rolltap.store.database import Database, open_database
 from rolltap.store.drift import Detokenizer
@@ -22,28 +23,6 @@ from rolltap.store.trajectory import RolloutTrajectories
 from rolltap.store.url import DatabaseURL
 
 T = TypeVar("T")
-
-
-class LoopThread:
-    """An event loop running forever on a daemon thread of its own."""
-
-    def __init__(self, name: str) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine there and block until it is done (from another thread)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine there and await it from the caller's loop (cancelling it with us)."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
 
 
 class _OnLoop:

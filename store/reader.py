@@ -10,7 +10,7 @@ import os
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from rolltap.store.analysis import LoopThread
+from rolltap.loop_thread import LoopThread
 from rolltap.store.drift import Detokenizer
 from rolltap.store.egress import EgressRecord
 from rolltap.store.integrity import RolloutIntegrity

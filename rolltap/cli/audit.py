@@ -54,12 +54,10 @@ def verify(
     missing or reordered call, and the calls the proxy refused. Exit status 1 when anything
     does not hold. ROLLOUT may be a unique prefix of its id."""
     if sum(x is not None for x in (rollout_id, batch, export_path)) + every != 1:
-        what = click.ClickException(
+        raise _Unclear(
             "verify what? give one of: a ROLLOUT id, --batch NAME, --export FILE, or --all "
             "(every rollout in the store)"
         )
-        what.exit_code = 2  # a usage error, in one line
-        raise what
     console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     if export_path is not None:
         try:
@@ -92,6 +90,12 @@ def verify(
         console.print(f"{len(ids)} rollouts: {len(ids) - failed} intact, {failed} with issues")
     if failed:
         sys.exit(1)
+
+
+class _Unclear(click.ClickException):
+    """A usage error, in one line."""
+
+    exit_code = 2
 
 
 def _verify_export(console: Console, db_url: str | None, checked: signature.SignatureCheck) -> bool:

@@ -14,6 +14,16 @@ that call's `rollout.head_seq`; `GENESIS` and 0 for a rollout that ended without
 The digest says whether a record was altered, on its own; the links say whether one is missing
 or out of place. `seq` itself is not in the digest: the chain is the order.
 
+**Hack flags.** A rollout the reward-hack detectors flagged (`rollout.hack_flags`, a non-empty
+list; store/hacks.py) seals them too, as one more link after its last call:
+
+    head = SHA-256(b"rolltap.link.v1\n" || end || SHA-256(b"rolltap.flags.v1\n" || C(flags)))
+
+where `end` is the raw hash the head would otherwise be (its last call's, or `GENESIS`) and
+`C(flags)` the canonical JSON text below of the stored list. A rollout without flags (none
+raised, or never checked) seals `end` itself, as before flags existed, so a flag removed or
+added afterwards breaks the head as a call would.
+
 **Field encoding** `E(v)`, by the value's type (lengths and integers big-endian):
 
 | value | bytes |
@@ -89,6 +99,7 @@ CHOICE_FIELDS = ("idx", "finish_reason", "n_tokens", "token_ids", "logprobs")
 
 _CALL_TAG = b"rolltap.call.v1\n"
 _LINK_TAG = b"rolltap.link.v1\n"
+_FLAGS_TAG = b"rolltap.flags.v1\n"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -144,6 +155,16 @@ def call_digest(
 def link(prev: bytes, digest: bytes) -> bytes:
     """The call's `hash`: its digest chained to the hash of the call before it."""
     return hashlib.sha256(_LINK_TAG + prev + digest).digest()
+
+
+def sealed_head(end: str, flags: Sequence[Mapping[str, Any]] | None) -> str:
+    """The head a rollout seals: `end` (hex, its chain's end) with its hack flags linked on
+    when there are any."""
+    if not flags:
+        return end
+    text = json.dumps(list(flags), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256(_FLAGS_TAG + text.encode()).digest()
+    return link(prev_of(end), digest).hex()
 
 
 def prev_of(stored_hash: str | None) -> bytes:

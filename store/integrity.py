@@ -160,16 +160,19 @@ class _Call:
 def verify_rollout(conn: Connection, rollout_id: str) -> RolloutIntegrity:
     """Recompute a rollout's chain from what the store holds now (run it in one snapshot)."""
     rollout = conn.execute(
-        select(R.c.status, R.c.head_hash, R.c.head_seq).where(R.c.id == rollout_id)
+        select(R.c.status, R.c.head_hash, R.c.head_seq, R.c.hack_flags).where(R.c.id == rollout_id)
     ).first()
     if rollout is None:
         raise NotFound(f"no rollout {rollout_id!r}")
     calls = _load(conn, rollout_id)
     issues = _check_records(calls)
     chainable = {c.id for c in calls if _chainable(c)}
-    link_issues, true_hashes = _check_links(calls, chainable, rollout.head_hash)
+    flags = rollout.hack_flags or None
+    link_issues, true_hashes = _check_links(calls, chainable, rollout.head_hash, flags)
     issues += link_issues
-    head_issue, after_head = _check_head(rollout.head_hash, rollout.head_seq, calls, true_hashes)
+    head_issue, after_head = _check_head(
+        rollout.head_hash, rollout.head_seq, calls, true_hashes, flags
+    )
     if head_issue is not None:
         issues.append(head_issue)
     issues.sort(key=lambda i: (i.seq is None, i.seq or 0))
@@ -220,7 +223,10 @@ def _check_records(calls: Sequence[_Call]) -> list[Issue]:
 
 
 def _check_links(
-    calls: Sequence[_Call], chainable: set[str], head_hash: str | None
+    calls: Sequence[_Call],
+    chainable: set[str],
+    head_hash: str | None,
+    flags: list[dict[str, Any]] | None,
 ) -> tuple[list[Issue], dict[str, bytes]]:
     """Each link against the call before it: (issues, each call's hash as it should be)."""
     issues: list[Issue] = []
@@ -243,7 +249,8 @@ def _check_links(
         if expected.hex() == stored:
             continue
         after = calls[i + 1] if i + 1 < len(calls) else None
-        if _links_to(after, expected, chainable) or (after is None and head_hash == expected.hex()):
+        sealed = after is None and head_hash == chain.sealed_head(expected.hex(), flags)
+        if _links_to(after, expected, chainable) or sealed:
             # What follows chains to the hash it should have: only its stored copy changed.
             message = f"{call.name()}: its stored hash was changed"
             issues.append(Issue(IssueKind.HASH, message, call.seq, call.id))
@@ -399,14 +406,17 @@ def _check_head(
     head_seq: int | None,
     calls: Sequence[_Call],
     true_hashes: Mapping[str, bytes],
+    flags: list[dict[str, Any]] | None = None,
 ) -> tuple[Issue | None, int]:
-    """(an issue with the sealed head, the number of calls recorded after it)."""
+    """(an issue with the sealed head, the number of calls recorded after it). The head seals
+    the hack flags too, when there are any (chain.py)."""
     if head_hash is None or head_seq is None:
         return None, 0
     after = sum(1 for c in calls if c.seq > head_seq)
     if head_seq == 0:
-        if head_hash != chain.GENESIS_HEX:
-            return Issue(IssueKind.HEAD, "the sealed head is not that of an empty chain"), after
+        if head_hash != chain.sealed_head(chain.GENESIS_HEX, flags):
+            message = "the sealed head is not that of an empty chain" + _and_flags(flags)
+            return Issue(IssueKind.HEAD, message), after
         return None, after
     at_head = next((c for c in calls if c.seq == head_seq), None)
     if at_head is None:
@@ -416,14 +426,22 @@ def _check_head(
             message = f"seq {head_seq}, the call the rollout ended with, is missing"
         return Issue(IssueKind.MISSING, message, head_seq), after
     true_hash = true_hashes.get(at_head.id)
-    if at_head.row["hash"] != head_hash and (true_hash is None or true_hash.hex() != head_hash):
+    sealed = {chain.sealed_head(at_head.row["hash"] or chain.GENESIS_HEX, flags)}
+    if true_hash is not None:
+        sealed.add(chain.sealed_head(true_hash.hex(), flags))
+    if head_hash not in sealed:
         return (
             Issue(
                 IssueKind.HEAD,
-                f"the head sealed with the rollout does not match {at_head.name()}",
+                f"the head sealed with the rollout does not match {at_head.name()}"
+                + _and_flags(flags),
                 head_seq,
                 at_head.id,
             ),
             after,
         )
     return None, after
+
+
+def _and_flags(flags: list[dict[str, Any]] | None) -> str:
+    return f" and its {len(flags)} hack flag{'s' * (len(flags) != 1)}" if flags else ""

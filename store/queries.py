@@ -111,6 +111,7 @@ def _rollout_view(row: Row[Any]) -> RolloutView:
         head_hash=m[R.c.head_hash],
         head_seq=m[R.c.head_seq],
         key_revoked_at=m[R.c.key_revoked_at],
+        hack_flags=m[R.c.hack_flags],
     )
 
 

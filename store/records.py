@@ -145,6 +145,8 @@ class RolloutView:
     head_seq: int | None = None
     key_revoked_at: datetime | None = None
     """Set when the harness ended: the proxy refuses the key's calls from then on."""
+    hack_flags: list[dict[str, Any]] | None = None
+    """What the reward-hack detectors flagged (store/hacks.py): None when never checked."""
 
     @property
     def verdict(self) -> Verdict:
@@ -176,6 +178,7 @@ class RolloutView:
             "head_hash": self.head_hash,
             "head_seq": self.head_seq,
             "key_revoked_at": _iso(self.key_revoked_at),
+            "hack_flags": self.hack_flags,
             "meta": self.meta,
         }
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import egress, integrity, migrate, queries, routed, trajectory
+from rolltap.store import egress, hacks, integrity, migrate, queries, routed, trajectory
 from rolltap.store.analysis import AnalysisThread
 from rolltap.store.bridging import Bridging
 from rolltap.store.database import Database, open_database, unavailable
@@ -66,6 +66,7 @@ _UPDATABLE = {
     "max_calls",
     "max_tokens",
     "key_revoked_at",
+    "hack_flags",
 }
 
 
@@ -78,6 +79,7 @@ class Store:
         self._writer = writer
         self._analysis = AnalysisThread(db.url, read_only=writer is None)
         self._on_finished: list[Callable[[str], None]] = []
+        self._on_hack_flags: list[Callable[[str, list[hacks.HackFlag]], None]] = []
 
     @classmethod
     async def connect(
@@ -175,11 +177,25 @@ class Store:
                 values.setdefault("started_at", now)
             if status in FINAL_STATUSES:
                 values.setdefault("finished_at", now)
+        if values.get("hack_flags") is not None:
+            values["hack_flags"] = hacks.as_stored(values["hack_flags"])
         allowed = None if only_from is None else frozenset(s.value for s in only_from)
         await self._writes().submit(UpdateRollout(rollout_id, values, allowed))
         if values.get("status") in _FINAL_VALUES:
             for listener in list(self._on_finished):
                 listener(rollout_id)
+        if values.get("hack_flags"):
+            flagged = hacks.flags_of(values["hack_flags"]) or []
+            for on_flags in list(self._on_hack_flags):
+                on_flags(rollout_id, flagged)
+
+    def on_hack_flags(
+        self, listener: Callable[[str, list[hacks.HackFlag]], None]
+    ) -> Callable[[], None]:
+        """Call `listener(rollout_id, flags)` once flags written through this store are durable
+        (the proxy counts them per detector on /metrics); returns the undo."""
+        self._on_hack_flags.append(listener)
+        return lambda: self._on_hack_flags.remove(listener)
 
     def on_finished(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(rollout_id)` once a final status written through this store is
@@ -324,6 +340,29 @@ class Store:
             except NotFound:
                 return None  # a replay listed but not in this database (an export, a copy)
         return report
+
+    async def hack_record(self, rollout_id: str) -> hacks.RolloutRecord:
+        """What the reward-hack detectors read of a rollout: its calls with their bodies, its
+        egress requests, its meta (store/hacks.py)."""
+        return await self.db.read(hacks.load_record, rollout_id)
+
+    async def check_hacks(
+        self,
+        rollout_id: str,
+        detectors: Sequence[hacks.Detector] | None = None,
+        *,
+        save: bool = False,
+    ) -> list[hacks.HackFlag]:
+        """Runs the detectors (default: `hacks.load_detectors()`) on the rollout's record now;
+        `save`: store the flags as the rollout's `hack_flags` (sealed into an ended rollout's
+        head)."""
+        found = hacks.detect(
+            await self.hack_record(rollout_id),
+            hacks.load_detectors() if detectors is None else detectors,
+        )
+        if save:
+            await self.update_rollout(rollout_id, hack_flags=found)
+        return found
 
     async def verify_rollout(self, rollout_id: str) -> integrity.RolloutIntegrity:
         """Recompute a rollout's hash chain from what the store holds (store/integrity.py)."""

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Table, insert, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.engine import Connection, Dialect
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
@@ -651,6 +651,23 @@ def _chain(record: CallRecord, staged: _Staged) -> None:
 _OPEN = (RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value)
 
 
+def _sealed(conn: Connection, rollout_id: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with the head sealed, when the rollout ends now or has ended: its chain's end
+    (again, if calls were refused since) with its hack flags (chain.py)."""
+    queries.lock_rollout(conn, rollout_id)
+    stored = conn.execute(
+        select(rollout_table.c.status, rollout_table.c.hack_flags).where(
+            rollout_table.c.id == rollout_id
+        )
+    ).first()
+    status = values.get("status", None if stored is None else stored.status)
+    if status in _OPEN or status is None:
+        return values
+    flags = values.get("hack_flags", stored and stored.hack_flags)
+    seq, end = queries.chain_end(conn, rollout_id)
+    return {**values, "head_seq": seq, "head_hash": chain.sealed_head(end, flags or None)}
+
+
 def _update_rollout(
     conn: Connection, rollout_id: str, values: dict[str, Any], only_from: frozenset[str] | None
 ) -> None:
@@ -658,11 +675,8 @@ def _update_rollout(
     if "meta" in values:
         values = dict(values)
         values["metadata"] = values.pop("meta")
-    if values.get("status", RolloutStatus.RUNNING.value) not in _OPEN:
-        # It ended: its chain's head is sealed with it (again, if calls were refused since).
-        queries.lock_rollout(conn, rollout_id)
-        values = dict(values)
-        values["head_seq"], values["head_hash"] = queries.chain_end(conn, rollout_id)
+    if values.get("status", RolloutStatus.RUNNING.value) not in _OPEN or "hack_flags" in values:
+        values = _sealed(conn, rollout_id, values)
     where = [table.c.id == rollout_id]
     if only_from is not None:
         where.append(table.c.status.in_(sorted(only_from)))

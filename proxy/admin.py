@@ -21,8 +21,8 @@ from aiohttp import web
 from rolltap.proxy import replicated, routed
 from rolltap.proxy.backends import parse_backend
 from rolltap.proxy.context import CONTEXT, ProxyContext
-from rolltap.proxy.errors import BadRequest, NotFoundError, ProxyError, Unauthorized
-from rolltap.store import NewRollout, NotFound, RolloutStatus, RolloutView
+from rolltap.proxy.errors import BadRequest, Conflict, NotFoundError, ProxyError, Unauthorized
+from rolltap.store import IllegalTransition, NewRollout, NotFound, RolloutStatus, RolloutView
 from rolltap.store.export import rollout_dict
 from rolltap.store.store import FINAL_STATUSES
 
@@ -192,6 +192,8 @@ async def update_rollout(request: web.Request) -> web.Response:
         await ctx.store.update_rollout(rollout_id, **body)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
+    except IllegalTransition as e:
+        raise Conflict(str(e), code="illegal_transition") from None
     except ValueError as e:
         raise BadRequest(str(e)) from None
     view = await ctx.store.rollout(rollout_id)
@@ -213,11 +215,13 @@ async def get_trajectory(request: web.Request) -> web.Response:
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
     bridging = await ctx.store.bridging(rollout_id=rollout_id)
+    parsing = await ctx.store.tool_parsing(rollout_id=rollout_id)
 
     def serialize() -> bytes:
         # rollout_dict turns every token array into a list: as much CPU as the dump itself.
         document = rollout_dict(built)
         document["bridging"] = None if bridging is None else bridging.as_dict()
+        document["tool_parsing"] = None if parsing is None else parsing.as_dict()
         return orjson.dumps(document, default=_default)
 
     body = await asyncio.to_thread(serialize)

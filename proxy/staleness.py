@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from rolltap.proxy.errors import Forbidden
 from rolltap.store import RolloutStatus
+from rolltap.store.lifecycle import OPEN
 
 if TYPE_CHECKING:
     from rolltap.proxy.context import ProxyContext
@@ -126,10 +127,7 @@ async def _record(
 ) -> None:
     """meta["stale"] (and, when the bound ends the rollout, its status) in one write; a rollout
     something else ended meanwhile keeps its own ending."""
-    view = await ctx.store.rollout(rollout_id)
-    values: dict[str, Any] = {"meta": {**view.meta, MARK: mark}}
+    values: dict[str, Any] = {}
     if ended is not None:
         values |= {"status": RolloutStatus.CANCELLED, "error": ended}
-    await ctx.store.update_rollout(
-        rollout_id, only_from=[RolloutStatus.PENDING, RolloutStatus.RUNNING], **values
-    )
+    await ctx.store.update_rollout(rollout_id, only_from=OPEN, merge_meta={MARK: mark}, **values)

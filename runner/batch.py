@@ -54,6 +54,7 @@ from rolltap.runner.settings import BatchSettings
 from rolltap.runner.summary import BatchSummary, current_attempts, summarize
 from rolltap.runner.tasks import Task, load_tasks
 from rolltap.store import RolloutStatus, Store
+from rolltap.store.lifecycle import OPEN
 from rolltap.store.url import DatabaseURL
 
 
@@ -262,7 +263,9 @@ async def _interrupted(store: Store, batch_id: str) -> None:
     (its next run starts each again as a new attempt)."""
     unfinished = [RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value]
     for view in await store.rollouts(batch=batch_id, status=unfinished):
-        await store.update_rollout(view.id, status=RolloutStatus.CANCELLED, error="interrupted")
+        await store.update_rollout(
+            view.id, status=RolloutStatus.CANCELLED, error="interrupted", only_from=OPEN
+        )
         if view.n_calls:
             await store.analyze_rollout(view.id)
         store.forget(view.id)

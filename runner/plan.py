@@ -109,12 +109,12 @@ def finished(view: RolloutView) -> bool:
 
 async def supersede(store: Store, old: RolloutView, new_id: str, why: str) -> None:
     """Close an attempt that will not finish; it points to the one that replaces it."""
-    meta = {**old.meta, "superseded_by": new_id}
-    if old.status in DONE:
-        await store.update_rollout(old.id, meta=meta)
-        return
     await store.update_rollout(
-        old.id, status=RolloutStatus.CANCELLED, error=f"{why}; retried as {new_id}", meta=meta
+        old.id,
+        keep_ending=True,
+        merge_meta={"superseded_by": new_id},
+        status=RolloutStatus.CANCELLED,
+        error=f"{why}; retried as {new_id}",
     )
 
 
@@ -125,7 +125,7 @@ async def next_attempt(store: Store, planned: Planned, why: str) -> Planned:
     # What the proxy found stale was that attempt: the new one's calls are judged afresh.
     meta = {k: v for k, v in old.meta.items() if k not in ("superseded_by", MARK)}
     created = await _new_attempt(store, old, meta)
-    await store.update_rollout(old.id, meta={**old.meta, INFRA: True})
+    await store.update_rollout(old.id, merge_meta={INFRA: True})
     await supersede(store, old, created.id, f"infrastructure: {why}")
     return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)
 

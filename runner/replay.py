@@ -193,8 +193,8 @@ def _sandbox_image(run: dict[str, Any], task: Task, kind: str) -> str | None:
 
 
 async def _store_report(store: Store, original_id: str, report: ReplayReport) -> None:
-    replay = await store.rollout(report.replay)
-    await store.update_rollout(report.replay, meta={**replay.meta, REPORT_KEY: report.to_json()})
+    await store.update_rollout(report.replay, merge_meta={REPORT_KEY: report.to_json()})
     original = await store.rollout(original_id)
+    # The list is read then written: two replays of one rollout finishing at once may keep one.
     replays = [*original.meta.get(REPLAYS, ()), report.replay]
-    await store.update_rollout(original_id, meta={**original.meta, REPLAYS: replays})
+    await store.update_rollout(original_id, merge_meta={REPLAYS: replays})

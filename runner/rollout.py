@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
-from rolltap.proxy.staleness import ended_stale
 from rolltap.runner import provenance
 from rolltap.runner.egress import EgressGate, EgressMode, sandbox_env
 from rolltap.runner.egress.settings import BUNDLE_NAME
@@ -212,7 +211,11 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             started = time.monotonic()
             shared.progress.running += 1
             try:
-                await shared.store.update_rollout(planned.rollout_id, status=RolloutStatus.RUNNING)
+                await shared.store.update_rollout(
+                    planned.rollout_id,
+                    status=RolloutStatus.RUNNING,
+                    only_from=[RolloutStatus.PENDING],
+                )
                 exit_, outcome, timed_out = await _run_harness(shared, planned, box, logs)
             except SandboxError as e:
                 raise InfraFailure(f"harness could not run: {e}", calls_made=True) from e
@@ -341,27 +344,25 @@ async def _finish(
     details: dict[str, Any] | None = None,
 ) -> RolloutResult:
     store = shared.store
-    view = await store.rollout(planned.rollout_id)
-    if view.status is RolloutStatus.BUDGET_EXCEEDED or (
-        view.status is RolloutStatus.CANCELLED and ended_stale(view.meta)
-    ):
-        # The proxy ended it (its budget, or its batch's bound on staleness), not the harness.
-        status, error = view.status, view.error
     started = seconds.pop("started", None)
     # Why a rollout got the reward it got, without opening its logs: their last lines.
     tails = {
         "verifier_tail": _tail(logs / "verifier" / TEST_OUTPUT),
         "harness_tail": _tail(logs / "harness.log"),
     }
-    meta = {**view.meta, "logs_dir": str(logs), "seconds": seconds, **tails}
+    # An ending the proxy wrote first (its budget, its batch's bound on staleness) stays: the
+    # lifecycle keeps it and records the reward and the rest beside it (store/lifecycle.py).
     await store.update_rollout(
         planned.rollout_id,
+        keep_ending=True,
+        merge_meta={"logs_dir": str(logs), "seconds": seconds, **tails},
         status=status,
         reward=reward,
         reward_details=details,
         error=error,
-        meta=meta,
     )
+    view = await store.rollout(planned.rollout_id)
+    status, error = view.status, view.error
     if view.n_calls:
         # The finished rollout's segments, drift breaks and faithfulness go into the store too.
         await store.analyze_rollout(planned.rollout_id)
@@ -403,8 +404,7 @@ def _tail(path: Path, lines: int = 8, chars: int = 2000) -> str | None:
 
 
 async def _give_up(shared: Shared, planned: Planned, why: str) -> RolloutResult:
-    view = await shared.store.rollout(planned.rollout_id)
-    await shared.store.update_rollout(planned.rollout_id, meta={**view.meta, INFRA: True})
+    await shared.store.update_rollout(planned.rollout_id, merge_meta={INFRA: True})
     logs = shared.logs_root / planned.rollout_id
     return await _finish(
         shared, planned, logs, RolloutStatus.FAILED, None, None, f"infrastructure: {why}", {}
@@ -463,8 +463,7 @@ async def _record_run(shared: Shared, planned: Planned, spec: SandboxSpec) -> No
     if image is None and isinstance(shared.provider, KnowsTaskImages):
         image = await shared.provider.task_image(task)  # built once; create() finds it
     run = provenance.run_metadata(shared.run_meta, task, task_hash, shared.sandbox_kind, image)
-    view = await shared.store.rollout(planned.rollout_id)
-    await shared.store.update_rollout(planned.rollout_id, meta={**view.meta, "run": run})
+    await shared.store.update_rollout(planned.rollout_id, merge_meta={"run": run})
 
 
 def _mounts(harness: Harness, installation: Installation) -> tuple[Mount, ...]:

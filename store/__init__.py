@@ -12,6 +12,7 @@ from rolltap.store.errors import (
     WriterClosed,
 )
 from rolltap.store.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
+from rolltap.store.lifecycle import IllegalTransition
 from rolltap.store.models import (
     CallDialect,
     CallStatus,
@@ -58,6 +59,7 @@ __all__ = [
     "DatabaseUnavailable",
     "EgressRecord",
     "EgressVerdict",
+    "IllegalTransition",
     "InvalidTokens",
     "Issue",
     "IssueKind",

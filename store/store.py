@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import egress, hacks, integrity, migrate, queries, routed, trajectory
+from rolltap.store import egress, hacks, integrity, lifecycle, migrate, queries, routed, trajectory
 from rolltap.store.analysis import AnalysisThread
 from rolltap.store.bridging import Bridging
 from rolltap.store.database import Database, open_database, unavailable
@@ -44,14 +44,8 @@ from rolltap.store.writer import (
     UpdateRollout,
 )
 
-FINAL_STATUSES = {
-    RolloutStatus.FINISHED,
-    RolloutStatus.FAILED,
-    RolloutStatus.TIMED_OUT,
-    RolloutStatus.CANCELLED,
-    RolloutStatus.BUDGET_EXCEEDED,
-    RolloutStatus.EXPIRED,
-}
+FINAL_STATUSES = lifecycle.ENDED
+"""The statuses of a rollout that has ended (store/lifecycle.py)."""
 _FINAL_VALUES = {s.value for s in FINAL_STATUSES}
 _UPDATABLE = {
     "status",
@@ -162,10 +156,16 @@ class Store:
         rollout_id: str,
         *,
         only_from: Iterable[RolloutStatus] | None = None,
+        keep_ending: bool = False,
+        merge_meta: Mapping[str, Any] | None = None,
         **values: Any,
     ) -> None:
-        """`only_from`: apply only while the rollout has one of these statuses (a transition
-        that must not undo another, e.g. pending -> running after the rollout already ended)."""
+        """Write a rollout's columns; its life's rules apply when the write runs
+        (store/lifecycle.py: an ended rollout's status never changes; IllegalTransition).
+        `only_from`: apply only while the rollout has one of these statuses (a transition that
+        must not undo another, e.g. pending -> running after the rollout already ended).
+        `keep_ending`: an ending that finds the rollout ended keeps that first ending and writes
+        the rest. `merge_meta`: keys merged into its metadata in the same transaction."""
         unknown = set(values) - _UPDATABLE
         if unknown:
             raise TypeError(f"cannot update rollout fields {sorted(unknown)}")
@@ -180,7 +180,8 @@ class Store:
         if values.get("hack_flags") is not None:
             values["hack_flags"] = hacks.as_stored(values["hack_flags"])
         allowed = None if only_from is None else frozenset(s.value for s in only_from)
-        await self._writes().submit(UpdateRollout(rollout_id, values, allowed))
+        change = lifecycle.Change(allowed, keep_ending, dict(merge_meta or {}))
+        await self._writes().submit(UpdateRollout(rollout_id, values, change))
         if values.get("status") in _FINAL_VALUES:
             for listener in list(self._on_finished):
                 listener(rollout_id)

@@ -30,7 +30,7 @@ from sqlalchemy import Table, insert, select, update
 from sqlalchemy.engine import Connection, Dialect
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
-from rolltap.store import chain, compress, queries, routed
+from rolltap.store import chain, compress, lifecycle, queries, routed
 from rolltap.store.checkpoint import WalCheckpointer
 from rolltap.store.database import BUSY_TIMEOUT_MS, Database
 from rolltap.store.delta import KnownCall, RecentCalls, choose_parent
@@ -69,8 +69,9 @@ class CreateRollout:
 class UpdateRollout:
     rollout_id: str
     values: dict[str, Any]
-    only_from: frozenset[str] | None = None
-    """Statuses the rollout must have for the update to apply (a transition, not a set)."""
+    change: lifecycle.Change = field(default_factory=lifecycle.Change)
+    """What the write asks of the rollout's life, resolved against the stored row when it runs
+    (store/lifecycle.py)."""
 
 
 @dataclass(frozen=True)
@@ -408,7 +409,7 @@ class GroupCommitWriter:
                     _create_rollout(conn, op)
                 results.append(CreatedRollout(op.rollout_id, op.key))
             elif isinstance(op, UpdateRollout):
-                _update_rollout(conn, op.rollout_id, op.values, op.only_from)
+                _update_rollout(conn, op.rollout_id, op.values, op.change)
                 results.append(None)
             else:
                 results.append(op.fn(conn))
@@ -669,17 +670,22 @@ def _sealed(conn: Connection, rollout_id: str, values: dict[str, Any]) -> dict[s
 
 
 def _update_rollout(
-    conn: Connection, rollout_id: str, values: dict[str, Any], only_from: frozenset[str] | None
+    conn: Connection, rollout_id: str, values: dict[str, Any], change: lifecycle.Change
 ) -> None:
+    """One write to a rollout, resolved against its row as it is now (store/lifecycle.py)."""
     table = rollout_table
-    if "meta" in values:
-        values = dict(values)
-        values["metadata"] = values.pop("meta")
-    if values.get("status", RolloutStatus.RUNNING.value) not in _OPEN or "hack_flags" in values:
-        values = _sealed(conn, rollout_id, values)
-    where = [table.c.id == rollout_id]
-    if only_from is not None:
-        where.append(table.c.status.in_(sorted(only_from)))
-    result = conn.execute(update(table).where(*where).values(**values))
-    if result.rowcount == 0 and only_from is None:
+    queries.lock_rollout(conn, rollout_id)
+    stored = conn.execute(
+        select(table.c.status, table.c.metadata).where(table.c.id == rollout_id)
+    ).first()
+    if stored is None:
         raise NotFound(f"no rollout {rollout_id!r}")
+    resolved = lifecycle.resolve(rollout_id, stored.status, stored.metadata, values, change)
+    if resolved is None:
+        return
+    if "meta" in resolved:
+        resolved["metadata"] = resolved.pop("meta")
+    if resolved.get("status", RolloutStatus.RUNNING.value) not in _OPEN or "hack_flags" in resolved:
+        resolved = _sealed(conn, rollout_id, resolved)
+    if resolved:
+        conn.execute(update(table).where(table.c.id == rollout_id).values(**resolved))

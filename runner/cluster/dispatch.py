@@ -157,7 +157,11 @@ async def _lost(store: Store, planned: Planned, why: str) -> RolloutResult:
     view = await store.rollout(planned.rollout_id)
     error = f"infrastructure: {why}"
     await store.update_rollout(
-        view.id, status=RolloutStatus.FAILED, error=error, meta={**view.meta, INFRA: True}
+        view.id,
+        keep_ending=True,
+        status=RolloutStatus.FAILED,
+        error=error,
+        merge_meta={INFRA: True},
     )
     if view.n_calls:
         await store.analyze_rollout(view.id)

@@ -153,6 +153,5 @@ class NodeAgent:
         shared = self._shared
         assert shared is not None, "open() first"
         # Which node ran it: where its logs are, and what to look at when a node misbehaves.
-        view = await shared.store.rollout(planned.rollout_id)
-        await shared.store.update_rollout(view.id, meta={**view.meta, NODE: self._node})
+        await shared.store.update_rollout(planned.rollout_id, merge_meta={NODE: self._node})
         return await run_rollout(shared, planned)

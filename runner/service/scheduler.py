@@ -33,6 +33,7 @@ from rolltap.runner.service.executor import RolloutExecutor
 from rolltap.runner.service.groups import dropped_message, judge
 from rolltap.runner.tasks import Task
 from rolltap.store import RolloutStatus, Store
+from rolltap.store.lifecycle import OPEN
 from rolltap.store.store import FINAL_STATUSES
 
 log = logging.getLogger("rolltap.runner.service")
@@ -212,7 +213,7 @@ class Scheduler:
                 if view.status in FINAL_STATUSES:
                     continue
                 await self._store.update_rollout(
-                    rollout_id, status=RolloutStatus.CANCELLED, error=why
+                    rollout_id, status=RolloutStatus.CANCELLED, error=why, only_from=OPEN
                 )
                 if view.n_calls:
                     await self._store.analyze_rollout(rollout_id)

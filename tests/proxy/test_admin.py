@@ -66,6 +66,15 @@ async def test_rollouts_through_the_admin_api(store: Store, sdk: OpenAIFactory) 
                 "status 'done' is not one of pending, running, finished, failed, timed_out, "
                 "cancelled, budget_exceeded, expired",
             )
+            # An ended rollout stays ended (store/lifecycle.py): 409 in the API's shape.
+            status, error = await _json(
+                session,
+                "PATCH",
+                f"{proxy.url}/admin/rollouts/{created['id']}",
+                json={"status": "failed"},
+            )
+            assert (status, error["error"]["code"]) == (409, "illegal_transition")
+            assert "is finished: it cannot become failed" in error["error"]["message"]
 
             status, error = await _json(session, "GET", f"{proxy.url}/admin/rollouts/nope")
             assert status == 404

@@ -246,7 +246,8 @@ async def test_a_rejected_answer_asked_again_is_answer_dropped(
     assert _break(built) == (DriftClass.ANSWER_DROPPED, "messages")
     assert built.faithfulness.breaks == {"answer_dropped": 1}
     link = built.trajectories[1].link
-    assert link is not None and link.drift is not None
+    assert link is not None
+    assert link.drift is not None
     assert link.drift.message_index == 2
     assert "left out and asked again" in link.drift.note
 

@@ -1,0 +1,78 @@
+"""A rollout's life has one owner (store/lifecycle.py): an ended rollout never changes status,
+an ending that finds it ended keeps the first and records the rest, a guarded step that no
+longer applies is skipped, and meta merges never lose another writer's keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rolltap.store import IllegalTransition, NewRollout, RolloutStatus, Store
+from rolltap.store.lifecycle import ENDED, NEXT, OPEN
+
+
+async def test_an_ended_rollout_never_changes_status(store: Store) -> None:
+    rid = (await store.create_rollout(NewRollout())).id
+    await store.update_rollout(rid, status=RolloutStatus.RUNNING)
+    await store.update_rollout(rid, status=RolloutStatus.BUDGET_EXCEEDED, error="budget")
+
+    with pytest.raises(IllegalTransition, match="is budget_exceeded: it cannot become finished"):
+        await store.update_rollout(rid, status=RolloutStatus.FINISHED, reward=1.0)
+    with pytest.raises(IllegalTransition, match="cannot become running"):
+        await store.update_rollout(rid, status=RolloutStatus.RUNNING)
+
+    view = await store.rollout(rid)
+    assert (view.status, view.reward, view.error) == (RolloutStatus.BUDGET_EXCEEDED, None, "budget")
+
+
+async def test_running_never_goes_back_to_pending(store: Store) -> None:
+    rid = (await store.create_rollout(NewRollout())).id
+    await store.update_rollout(rid, status=RolloutStatus.RUNNING)
+    with pytest.raises(IllegalTransition):
+        await store.update_rollout(rid, status=RolloutStatus.PENDING)
+
+
+async def test_the_runner_s_ending_keeps_the_proxy_s_and_records_the_reward(store: Store) -> None:
+    rid = (await store.create_rollout(NewRollout())).id
+    await store.update_rollout(rid, status=RolloutStatus.BUDGET_EXCEEDED, error="its budget")
+    first = (await store.rollout(rid)).finished_at
+
+    await store.update_rollout(
+        rid,
+        keep_ending=True,
+        status=RolloutStatus.FINISHED,
+        reward=0.5,
+        error=None,
+        merge_meta={"logs_dir": "/logs"},
+    )
+
+    view = await store.rollout(rid)
+    assert (view.status, view.error, view.reward) == (
+        RolloutStatus.BUDGET_EXCEEDED,
+        "its budget",
+        0.5,
+    )
+    assert view.finished_at == first
+    assert view.meta["logs_dir"] == "/logs"
+
+
+async def test_a_guarded_step_that_no_longer_applies_is_skipped(store: Store) -> None:
+    rid = (await store.create_rollout(NewRollout())).id
+    await store.update_rollout(rid, status=RolloutStatus.CANCELLED, error="cancelled first")
+    await store.update_rollout(rid, status=RolloutStatus.RUNNING, only_from=[RolloutStatus.PENDING])
+    assert (await store.rollout(rid)).status is RolloutStatus.CANCELLED
+
+
+async def test_concurrent_meta_merges_keep_every_key(store: Store) -> None:
+    rid = (await store.create_rollout(NewRollout(meta={"sandbox": "bwrap"}))).id
+    await asyncio.gather(*(store.update_rollout(rid, merge_meta={f"k{i}": i}) for i in range(20)))
+    meta = (await store.rollout(rid)).meta
+    assert meta == {"sandbox": "bwrap", **{f"k{i}": i for i in range(20)}}
+
+
+def test_the_diagram() -> None:
+    assert set(NEXT) == OPEN | ENDED
+    assert NEXT[RolloutStatus.PENDING] == ENDED | {RolloutStatus.RUNNING}
+    assert NEXT[RolloutStatus.RUNNING] == ENDED
+    assert all(not NEXT[s] for s in ENDED)

@@ -165,6 +165,13 @@ class ChatChoice(ChoiceOutput):
             else:
                 delta.content += piece
 
+    @property
+    def tool_parse(self) -> str | None:
+        """Whether the tool-call text of the answer so far parsed (engine.tools.parse_outcome);
+        None when tools are not parsed. Sent beside `finish_reason`, as `tool_parse`, for the
+        proxy to record (vLLM sends none)."""
+        return None if self._tools is None else self._tools.outcome
+
     def final_message(self) -> dict[str, Any]:
         message = self.message
         blank = not message.content.strip()

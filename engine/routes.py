@@ -155,6 +155,8 @@ def _chat_choice_body(choice: ChatChoice, g: Generation) -> dict[str, Any]:
         body["token_ids"] = choice.token_ids
     if g.return_weight_versions:
         body["weight_versions"] = choice.weight_versions()
+    if choice.tool_parse is not None:
+        body["tool_parse"] = choice.tool_parse
     return body
 
 
@@ -211,6 +213,8 @@ async def _stream_chat(
                 }
                 if finished:
                     part["stop_reason"] = choice.stop_reason
+                    if choice.tool_parse is not None:
+                        part["tool_parse"] = choice.tool_parse
                     if g.return_weight_versions:
                         part["weight_versions"] = choice.weight_versions()
                 if g.return_token_ids:

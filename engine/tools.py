@@ -64,22 +64,45 @@ def render_tool_call(name: str, arguments: object) -> str:
     return f"{OPEN}\n{payload}\n{CLOSE}"
 
 
+OK = "ok"
+NONE = "none"
+MALFORMED = "malformed"
+REASON_LIMIT = 160
+"""A malformed call's reason is cut to this many characters (it is stored with the call)."""
+
+
+def parse_outcome(calls: int, malformed: str | None) -> str:
+    """An answer's tool-call outcome: `ok` (every call it wrote parsed), `malformed: <reason>`
+    (the first that did not, and why), `none` (it wrote none)."""
+    if malformed is not None:
+        return f"{MALFORMED}: {malformed[:REASON_LIMIT]}"
+    return OK if calls else NONE
+
+
 def parse_block(body: str) -> ToolCall | None:
     """One block's inside → a ToolCall, or None when it is not a well-formed call."""
+    found = read_block(body)
+    return found if isinstance(found, ToolCall) else None
+
+
+def read_block(body: str) -> ToolCall | str:
+    """One block's inside → a ToolCall, or why it is not a well-formed call."""
     try:
         call = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
+    except json.JSONDecodeError as e:
+        return f"not JSON ({e})"
+    if not isinstance(call, dict):
+        return "not a JSON object"
+    if not isinstance(call.get("name"), str):
+        return "no name"
     arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
-            return None
+            return "arguments are a string that is not JSON"
     if not isinstance(arguments, dict):
-        return None
+        return "arguments are not an object"
     return ToolCall(
         id=f"call_{uuid.uuid4().hex[:24]}",
         name=call["name"],
@@ -99,11 +122,19 @@ class ToolCallStream:
         self,
         open_tag: str = OPEN,
         close_tag: str = CLOSE,
-        parse: Callable[[str], ToolCall | None] = parse_block,
+        parse: Callable[[str], ToolCall | str] = read_block,
     ) -> None:
         self._buffer = ""
         self._inside = False
         self._open, self._close, self._parse = open_tag, close_tag, parse
+        self.calls = 0
+        self.malformed: str | None = None
+        """Why the first block that is no call is not one (None: every block was a call)."""
+
+    @property
+    def outcome(self) -> str:
+        """`parse_outcome` of the blocks read so far."""
+        return parse_outcome(self.calls, self.malformed)
 
     def push(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -141,8 +172,12 @@ class ToolCallStream:
 
     def _block(self, body: str, closed: bool) -> Piece:
         call = self._parse(body.strip())
-        if call is not None:
+        if isinstance(call, ToolCall):
+            self.calls += 1
             return call
+        if self.malformed is None:
+            cut = "" if closed else f"cut before {self._close}: "
+            self.malformed = f"call {self.calls + 1}: {cut}{call}"
         return self._open + body + (self._close if closed else "")
 
 

@@ -21,6 +21,7 @@ from rolltap.proxy.routing import StickyRouter
 from rolltap.proxy.tokenin.config import TokenIn
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import CallStatus, RolloutStatus, Store
+from rolltap.store.toolparse import kind
 
 if TYPE_CHECKING:
     # The cassette answers calls, which take this context: imported for types only.
@@ -135,6 +136,8 @@ class ProxyContext:
         self.metrics.calls.inc(dialect=exchange.dialect.value, status=exchange.status.value)
         self.metrics.tokens.inc(exchange.prompt_tokens, kind="prompt")
         self.metrics.tokens.inc(exchange.completion_tokens, kind="completion")
+        if record.tool_parse is not None:
+            self.metrics.tool_parse.inc(outcome=kind(record.tool_parse))
 
 
 CONTEXT = web.AppKey("rolltap_context", ProxyContext)

@@ -86,6 +86,9 @@ class Captured:
     weight_version: str | None = None
     routing: dict[int, routed.RawRouting] = field(default_factory=dict)
     """Each choice's routed experts as the engine sent them (proxy/routed.py)."""
+    tool_parse: str | None = None
+    """Whether the answer's tool calls parsed, where rolltap's token-in parsers or its built-in
+    engine read them (a choice's `tool_parse`); the first choice's outcome."""
 
     def choice(self, index: int) -> ChoiceCapture:
         found = self.choices.get(index)
@@ -127,6 +130,8 @@ def capture_response(doc: dict[str, Any], captured: Captured) -> None:
             c.logprobs.extend(float(entry["logprob"]) for entry in logprobs["content"])
         if choice.get("finish_reason") is not None:
             c.finish_reason = choice["finish_reason"]
+        if isinstance(choice.get("tool_parse"), str) and captured.tool_parse is None:
+            captured.tool_parse = choice["tool_parse"]
         version = _last_version(choice.get("weight_versions"))
         if version is not None:
             captured.weight_version = version

@@ -133,6 +133,7 @@ class Exchange:
             retry_of=self.retry_of,
             resumes=self.resumes,
             bridge=self.bridge,
+            tool_parse=self.captured.tool_parse,
             lineage=self.lineage,
             prompt_ids=prompt,
             choices=choices,

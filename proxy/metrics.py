@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from rolltap.store.bridging import break_rate
+from rolltap.store.toolparse import MALFORMED, OK
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -157,6 +158,13 @@ class ProxyMetrics:
             "Token-in: time to find a call's lineage and render its bridge.",
             OVERHEAD_BUCKETS,
         )
+        self.tool_parse = Counter(
+            r,
+            "rolltap_tool_parse_total",
+            "Answers whose tool calls rolltap (token-in) or its built-in engine parsed, by "
+            "outcome: ok, malformed (the text went to the client as content), none (no call).",
+            ("outcome",),
+        )
         self.gauges: list[Gauge] = []
         self.gauges.append(
             Gauge(
@@ -164,6 +172,14 @@ class ProxyMetrics:
                 "Token-in: fallbacks that broke a conversation's token chain, over calls that "
                 "continue a conversation (all but first turns).",
                 lambda: [((), self.bridge_break_rate())],
+            )
+        )
+        self.gauges.append(
+            Gauge(
+                "rolltap_malformed_call_rate",
+                "Answers whose tool calls did not parse, over answers that wrote calls (those "
+                "rolltap or its built-in engine parsed).",
+                lambda: [((), self.malformed_call_rate())],
             )
         )
         r.register(_Gauges(self.gauges))
@@ -176,6 +192,16 @@ class ProxyMetrics:
             if sample.name.endswith("_total")
         }
         return break_rate(outcomes) or 0.0
+
+    def malformed_call_rate(self) -> float:
+        counts = {
+            sample.labels["outcome"]: sample.value
+            for metric in self.tool_parse.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        }
+        wrote = counts.get(OK, 0.0) + counts.get(MALFORMED, 0.0)
+        return counts.get(MALFORMED, 0.0) / wrote if wrote else 0.0
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -20,6 +20,10 @@ import orjson
 
 ROOT_ID_KEYS = (b"prompt_token_ids",)
 CHOICE_ID_KEYS = (b"token_ids", b"prompt_token_ids", b"response_token_ids")
+TOOL_PARSE = b'"tool_parse"'
+"""rolltap's own: a choice's tool-call parse outcome (token-in answers, the built-in engine's),
+recorded with the call and never shown to the client. Inside a JSON string its quotes would be
+escaped, so these bytes are always the key."""
 
 
 @dataclass(frozen=True)
@@ -36,14 +40,14 @@ class Extras:
 
 def strip(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
     """The client's view of a whole response body."""
-    if extras.logprobs or extras.meta_info or extras.routed_experts:
+    if extras.logprobs or extras.meta_info or extras.routed_experts or TOOL_PARSE in raw:
         return orjson.dumps(_stripped_doc(doc, extras))
     return _cut_ids(raw, extras)
 
 
 def strip_chunk(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
     """The client's view of one stream chunk: small, so even logprobs are cut from the bytes."""
-    if extras.meta_info or (extras.routed_experts and b'"sglext"' in raw):
+    if extras.meta_info or (extras.routed_experts and b'"sglext"' in raw) or TOOL_PARSE in raw:
         return orjson.dumps(_stripped_doc(doc, extras))
     if extras.logprobs:
         raw = null_values(raw, b"logprobs")
@@ -132,6 +136,7 @@ def _stripped_doc(doc: dict[str, Any], extras: Extras) -> dict[str, Any]:
                 c.pop("meta_info", None)
             if extras.routed_experts:
                 c.pop("routed_experts", None)
+            c.pop("tool_parse", None)
             cleaned.append(c)
         out["choices"] = cleaned
     return out

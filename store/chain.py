@@ -44,7 +44,8 @@ ensure_ascii=False)`: keys sorted, no whitespace, non-ASCII characters kept as U
 1. `id`, `rollout_id`, `dialect`, `purpose`, `model`, `backend`, `status`, `http_status`,
    `error`, `stream`, `capture`, `received_at`, `dispatched_at`, `first_token_at`,
    `finished_at`, `weight_version`, `finish_reason`, `usage`, `retry_count`, `body_hash`,
-   `retry_of`, `prompt_tokens`, `completion_tokens`, `n_choices`, `resumes`, `bridge`;
+   `retry_of`, `prompt_tokens`, `completion_tokens`, `n_choices`, `resumes`, `bridge`, and
+   `tool_parse` only when it is not None (records from before it keep their digests);
 2. the full prompt token ids as bytes (int32 little-endian, `b""` when the call has none): the
    prompt as sent, not its stored delta (`prompt_parent_id`, `prompt_shared`, `prompt_suffix`
    are a storage encoding and are covered through the rebuilt prompt);
@@ -144,6 +145,8 @@ def call_digest(
     """The digest of one call record; `bodies` are the three `body_digest`s."""
     parts = [_CALL_TAG]
     parts.extend(encode(call[name]) for name in CALL_FIELDS)
+    if call.get("tool_parse") is not None:
+        parts.append(encode(call["tool_parse"]))
     parts.append(encode(prompt))
     for choice in sorted(choices, key=lambda c: int(c["idx"])):
         parts.extend(encode(choice[name]) for name in CHOICE_FIELDS)

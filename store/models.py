@@ -219,6 +219,10 @@ class Call(Base):
     """Token-in mode: `bridged` (the prompt is the previous call's prompt and answer plus the
     bridge), or why the call fell back to a rendered prompt (proxy/tokenin/lineage.py).
     None: a call in normal mode."""
+    tool_parse: Mapped[str | None] = mapped_column(String(200))
+    """Whether the answer's tool calls parsed, where rolltap (token-in) or its built-in engine
+    parsed them: `ok`, `malformed: <reason>` or `none` (store/toolparse.py). None: nothing
+    said (vLLM's and SGLang's own parsers, a call without tools)."""
     """The call whose answer this one continues: its engine aborted it for a weight update and
     the proxy sent the prompt plus the partial answer back, token-in, on the new weights."""
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
@@ -458,7 +462,38 @@ class LineageTurn(Base):
     __table_args__ = (Index(None, "rollout_id", "request"),)
 
 
+class MetricsSource(enum.StrEnum):
+    TRAINER = "trainer"
+    """Posted by the trainer (`POST /v1/batches/{id}/metrics`): logprob mismatch, seconds..."""
+    SERVICE = "service"
+    """Written by the rollout service when a batch starts and ends: its session, labels and
+    groups kept and dropped (what only the running service knew)."""
+
+
+class BatchMetrics(Base):
+    """Figures about a batch beyond its rollouts, as posted; the training view reads them."""
+
+    __tablename__ = "batch_metrics"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    batch_id: Mapped[str] = mapped_column(String(200))
+    source: Mapped[str] = mapped_column(String(16))
+    policy_version: Mapped[str | None] = mapped_column(String(100))
+    """The policy version the figures are about (the batch's, unless the poster said)."""
+    session: Mapped[str | None] = mapped_column(String(26))
+    """The rollout-service session that ran the batch (service rows)."""
+    posted_at: Mapped[datetime]
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (
+        CheckConstraint(_in("source", MetricsSource), name="source"),
+        Index(None, "batch_id", "posted_at"),
+        Index(None, "session"),
+    )
+
+
 segment_break_table = cast(Table, SegmentBreak.__table__)
 lineage_turn_table = cast(Table, LineageTurn.__table__)
 egress_request_table = cast(Table, EgressRequest.__table__)
 rollout_faithfulness_table = cast(Table, RolloutFaithfulness.__table__)
+batch_metrics_table = cast(Table, BatchMetrics.__table__)

@@ -47,6 +47,7 @@ from rolltap.store.records import (
     RolloutView,
     StoredTurn,
 )
+from rolltap.store.toolparse import ToolParsing
 
 R = rollout_table
 C = call_table
@@ -288,6 +289,7 @@ def _call_view(row: Row[Any]) -> CallView:
         n_choices=m["n_choices"],
         resumes=m["resumes"],
         bridge=m["bridge"],
+        tool_parse=m["tool_parse"],
         digest=m["digest"],
         hash=m["hash"],
     )
@@ -591,6 +593,20 @@ def bridging(conn: Connection, rollout_id: str | None, batch_id: str | None) -> 
         )
     counts = {str(outcome): int(n) for outcome, n in conn.execute(query)}
     return Bridging(counts) if counts else None
+
+
+def tool_parsing(
+    conn: Connection, rollout_id: str | None, batch_id: str | None
+) -> ToolParsing | None:
+    """Tool-call parse outcomes of a rollout's calls, or of every call of a batch's rollouts."""
+    query = select(C.c.tool_parse).where(C.c.tool_parse.is_not(None))
+    if rollout_id is not None:
+        query = query.where(C.c.rollout_id == rollout_id)
+    if batch_id is not None:
+        query = query.where(
+            C.c.rollout_id.in_(select(R.c.id).where(R.c.batch_id == batch_id).scalar_subquery())
+        )
+    return ToolParsing.of(conn.execute(query).scalars())
 
 
 def _status_value(word: str) -> str:

@@ -91,6 +91,9 @@ class CallRecord:
     """The call whose aborted answer this one continues (a weight update in abort_resume)."""
     bridge: str | None = None
     """Token-in mode: `bridged`, or the reason code of a fallback; None in normal mode."""
+    tool_parse: str | None = None
+    """Whether the answer's tool calls parsed, where rolltap or its engine parsed them: `ok`,
+    `malformed: <reason>` or `none` (store/toolparse.py); None where nothing said."""
     lineage: LineageMark | None = None
     """Token-in mode: what lets another proxy process continue this call's conversation."""
     prompt_ids: IdArray | None = None
@@ -214,6 +217,8 @@ class CallView:
     """The call whose aborted answer this one continues (see CallRecord.resumes)."""
     bridge: str | None = None
     """Token-in mode: `bridged` or the fallback's reason code (see CallRecord.bridge)."""
+    tool_parse: str | None = None
+    """`ok`, `malformed: <reason>` or `none` (see CallRecord.tool_parse)."""
     digest: str | None = None
     """SHA-256 of the record's canonical encoding (store/chain.py)."""
     hash: str | None = None
@@ -248,6 +253,7 @@ class CallView:
             "completion_tokens": self.completion_tokens,
             "n_choices": self.n_choices,
             "bridge": self.bridge,
+            "tool_parse": self.tool_parse,
             "digest": self.digest,
             "hash": self.hash,
         }

@@ -33,6 +33,7 @@ from rolltap.store.records import (
     StoredTurn,
 )
 from rolltap.store.replay import REPLAYS, ReplayReport, report_of
+from rolltap.store.toolparse import ToolParsing
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
 from rolltap.store.url import DatabaseURL, resolve_url
 from rolltap.store.writer import (
@@ -295,6 +296,13 @@ class Store:
         """Token-in outcomes and bridge_break_rate of a rollout or a batch (None: no token-in
         call)."""
         return await self.db.read(queries.bridging, rollout_id, batch_id)
+
+    async def tool_parsing(
+        self, *, rollout_id: str | None = None, batch_id: str | None = None
+    ) -> ToolParsing | None:
+        """Tool-call parse outcomes and malformed_call_rate of a rollout or a batch (None: no
+        answer's calls were parsed by rolltap or its engine)."""
+        return await self.db.read(queries.tool_parsing, rollout_id, batch_id)
 
     async def call(self, call_id: str) -> CallView:
         return await self.db.read(queries.call, call_id)

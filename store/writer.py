@@ -486,6 +486,7 @@ class GroupCommitWriter:
                 "retry_of": record.retry_of,
                 "resumes": record.resumes,
                 "bridge": record.bridge,
+                "tool_parse": record.tool_parse,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "n_choices": len(record.choices),

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rolltap.engine.tools import ToolCall, partial_suffix
+from rolltap.engine.tools import ToolCall, parse_outcome, partial_suffix
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ class CallReader(Protocol):
         then (name, what more of the final arguments string this settled)."""
         ...
 
-    def parse(self, body: str) -> ToolCall | None:
-        """The whole block (stripped) as a call, or None when it is malformed."""
+    def parse(self, body: str) -> ToolCall | str:
+        """The whole block (stripped) as a call, or why it is malformed."""
         ...
 
 
@@ -121,6 +121,13 @@ class StreamedCalls:
         self._stream = stream
         self._opening = TagScanner(open_tag)
         self._block: _Block | None = None
+        self.calls = 0
+        self.malformed: str | None = None
+        """Why the first block that is no call is not one."""
+
+    @property
+    def outcome(self) -> str:
+        return parse_outcome(self.calls, self.malformed)
 
     def push(self, text: str) -> list[Piece]:
         pieces: list[Piece] = []
@@ -182,11 +189,16 @@ class StreamedCalls:
         return pieces
 
     def _close(self, block: _Block, body: str, *, closed: bool) -> list[Piece]:
-        call = block.reader.parse(body.strip())
+        found = block.reader.parse(body.strip())
+        call = found if isinstance(found, ToolCall) else None
+        if call is None:
+            self._note(str(found), closed)
         if not block.opened:
             if call is not None:
+                self.calls += 1
                 return [CallPart.whole(call)]
             return [self._open_tag + body + (self._close_tag if closed else "")]
+        self.calls += call is not None
         sent = "".join(block.sent)
         if call is None or not call.arguments.startswith(sent):
             # Already a call: it ends with what was sent (malformed, or a key given twice,
@@ -194,6 +206,11 @@ class StreamedCalls:
             return []
         rest = call.arguments[len(sent) :]
         return [CallPart(rest)] if rest else []
+
+    def _note(self, why: str, closed: bool) -> None:
+        if self.malformed is None:
+            cut = "" if closed else f"cut before {self._close_tag}: "
+            self.malformed = f"call {self.calls + 1}: {cut}{why}"
 
 
 # -- JSON, re-written as json.dumps writes it, as it arrives -------------------------------------

@@ -115,6 +115,12 @@ class AnswerParser:
             self._tools = TOOL_PARSERS[tools](tool_specs or [], stream)
         self.calls = 0
 
+    @property
+    def tool_parse(self) -> str | None:
+        """Whether the answer's tool-call text parsed (engine.tools.parse_outcome), as far as
+        it was read; None when tools are not parsed."""
+        return None if self._tools is None else self._tools.outcome
+
     def push(self, text: str) -> Delta:
         if self._reasoning is None:
             return self._content(text, final=False)

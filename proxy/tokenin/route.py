@@ -131,6 +131,7 @@ class TokenInRoute:
             "stop_reason": stop,
             "token_ids": ids,
         }
+        self._tool_parse(choice, finish, resumes)
         out = {**self._meta(doc), "object": "chat.completion", "choices": [choice]}
         if usage is not None:
             out["usage"] = usage
@@ -164,6 +165,7 @@ class TokenInRoute:
         }
         if finish is not None:
             choice["stop_reason"] = stop
+            self._tool_parse(choice, finish, resumes)
         out["choices"] = [choice]
         if first:
             out["prompt_token_ids"] = self._engine_prompt(doc)
@@ -171,6 +173,13 @@ class TokenInRoute:
             out["usage"] = usage
         self._routed_experts(doc, out)
         return out
+
+    def _tool_parse(self, choice: dict[str, Any], finish: str | None, resumes: bool) -> None:
+        """The parse outcome where capture reads it (engines.capture_response), once the answer
+        is read to its end (an abort that will be continued is not its end)."""
+        outcome = self._parser.tool_parse
+        if outcome is not None and not (resumes and finish == "abort"):
+            choice["tool_parse"] = outcome
 
     def _routed_experts(self, doc: dict[str, Any], out: dict[str, Any]) -> None:
         """Routed experts (proxy/routed.py) where the chat route puts them: SGLang's

@@ -25,7 +25,7 @@ import string
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from rolltap.engine.tools import CLOSE, OPEN, ToolCall, parse_block
+from rolltap.engine.tools import CLOSE, OPEN, ToolCall, parse_outcome, read_block
 from rolltap.proxy.tokenin.callstream import (
     HEAD_LIMIT,
     CallPart,
@@ -42,6 +42,11 @@ class ToolParser(Protocol):
     def push(self, text: str) -> list[Piece]: ...
 
     def finish(self) -> list[Piece]: ...
+
+    @property
+    def outcome(self) -> str:
+        """Whether the calls written so far parsed (engine.tools.parse_outcome)."""
+        ...
 
 
 def _call(name: str, arguments: dict[str, Any], call_id: str | None = None) -> ToolCall:
@@ -172,11 +177,17 @@ class _Qwen3CoderReader:
         comma = ", " if len(self._found) > 1 else ""
         return f"{comma}{_json(self._key)}: {_json(typed)}"
 
-    def parse(self, body: str) -> ToolCall | None:
+    def parse(self, body: str) -> ToolCall | str:
         whole = _Qwen3CoderReader(self._types)
         whole.grow(body)
-        if whole._name is None or whole._state != "done" or whole._text.strip():
-            return None
+        if whole._name is None:
+            return "no <function=NAME>"
+        if whole._state == "stuck":
+            return "not <parameter=KEY>VALUE</parameter> (a name is empty or text is stray)"
+        if whole._state != "done":
+            return "no </function>"
+        if whole._text.strip():
+            return "text after </function>"
         return _call(whole._name, dict(whole._found))
 
 
@@ -224,8 +235,8 @@ class _HermesReader:
         echo = self._arguments
         return self._name, "" if echo.broken or echo.done else echo.feed(text)
 
-    def parse(self, body: str) -> ToolCall | None:
-        return parse_block(body)
+    def parse(self, body: str) -> ToolCall | str:
+        return read_block(body)
 
 
 def _hermes(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
@@ -247,6 +258,11 @@ class _Llama3Json:
         self._mode: str | None = None  # None: undecided; "content"; "calls"
         self._calls = CallSequence(_JSON_HEAD, json_name=True, closer="}", separators=(";",))
         self._stream = stream
+        self._read: list[ToolCall] | str = []
+
+    @property
+    def outcome(self) -> str:
+        return _outcome(self._read)
 
     def push(self, text: str) -> list[Piece]:
         if self._mode == "content":
@@ -267,33 +283,40 @@ class _Llama3Json:
         text, self._parts = "".join(self._parts), []
         if self._mode != "calls":
             return [text] if text else []
-        calls = _llama3_calls(text.strip().removeprefix(_PYTHON_TAG))
+        read = self._read = _llama3_calls(text.strip().removeprefix(_PYTHON_TAG))
+        calls = None if isinstance(read, str) else read
         if self._calls.opened:
             return list(self._calls.settle(calls))
         return [CallPart.whole(c) for c in calls] if calls else [text]
 
 
-def _llama3_calls(text: str) -> list[ToolCall] | None:
+def _outcome(read: list[ToolCall] | str) -> str:
+    """The outcome of calls read whole (a list), or of text that is not calls (why)."""
+    return parse_outcome(0, read) if isinstance(read, str) else parse_outcome(len(read), None)
+
+
+def _llama3_calls(text: str) -> list[ToolCall] | str:
+    """The calls, or why the text is not calls."""
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     rest = text.strip()
     while rest:
         try:
             value, end = decoder.raw_decode(rest)
-        except ValueError:
-            return None
+        except ValueError as e:
+            return f"call {len(calls) + 1}: not JSON ({e})"
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            return None
+            return f"call {len(calls) + 1}: not an object with a name"
         arguments = value.get("parameters", value.get("arguments", {}))
         if not isinstance(arguments, dict):
-            return None
+            return f"call {len(calls) + 1}: parameters are not an object"
         calls.append(_call(value["name"], arguments))
         rest = rest[end:].strip()
         if rest.startswith(";"):
             rest = rest[1:].strip()
         elif rest:
-            return None
-    return calls or None
+            return f"call {len(calls)}: text after it that is no call"
+    return calls or "no call"
 
 
 def _llama3_json(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
@@ -326,6 +349,11 @@ class _Mistral:
         """The text after `[TOOL_CALLS]`; None before it."""
         self._stream = stream
         self._sequence: CallSequence | None = None
+        self._read: list[ToolCall] | str = []
+
+    @property
+    def outcome(self) -> str:
+        return _outcome(self._read)
 
     def push(self, text: str) -> list[Piece]:
         if self._parts is not None:
@@ -363,49 +391,53 @@ class _Mistral:
             text = self._content.held()
             return [text] if text else []
         text, self._parts = "".join(self._parts), None
-        calls = _mistral_calls(text)
+        read = self._read = _mistral_calls(text)
+        calls = None if isinstance(read, str) else read
         if self._sequence is not None and self._sequence.opened:
             return list(self._sequence.settle(calls))
         return [CallPart.whole(c) for c in calls] if calls else [_TOOL_CALLS + text]
 
 
-def _mistral_calls(text: str) -> list[ToolCall] | None:
+def _mistral_calls(text: str) -> list[ToolCall] | str:
+    """The calls after `[TOOL_CALLS]`, or why they are not calls."""
     text = text.strip()
     if text.startswith("["):
         try:
             value = json.loads(text)
-        except ValueError:
-            return None
+        except ValueError as e:
+            return f"not a JSON list ({e})"
         if not isinstance(value, list) or not value:
-            return None
+            return "an empty list"
         calls = []
-        for entry in value:
+        for k, entry in enumerate(value, 1):
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                return None
+                return f"call {k}: not an object with a name"
             arguments = entry.get("arguments", {})
             if isinstance(arguments, str):
                 try:
                     arguments = json.loads(arguments)
                 except ValueError:
-                    return None
+                    return f"call {k}: arguments are a string that is not JSON"
             if not isinstance(arguments, dict):
-                return None
+                return f"call {k}: arguments are not an object"
             calls.append(_call(entry["name"], arguments, _mistral_id()))
         return calls
     calls = []
     decoder = json.JSONDecoder()
-    for part in (p for p in text.split(_TOOL_CALLS) if p.strip()):
+    for k, part in enumerate((p for p in text.split(_TOOL_CALLS) if p.strip()), 1):
         name, found, rest = part.partition(_ARGS)
+        if not found or not name.strip():
+            return f"call {k}: not NAME[ARGS]{{...}}"
         try:
             arguments, end = decoder.raw_decode(rest.strip())
-        except ValueError:
-            return None
-        if not found or not name.strip() or not isinstance(arguments, dict):
-            return None
+        except ValueError as e:
+            return f"call {k}: arguments not JSON ({e})"
+        if not isinstance(arguments, dict):
+            return f"call {k}: arguments are not an object"
         if rest.strip()[end:].strip():
-            return None
+            return f"call {k}: text after its arguments"
         calls.append(_call(name.strip(), arguments, _mistral_id()))
-    return calls or None
+    return calls or "no call after [TOOL_CALLS]"
 
 
 def _mistral(tools: list[dict[str, Any]], stream: bool) -> ToolParser:

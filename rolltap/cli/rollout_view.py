@@ -15,6 +15,7 @@ from rolltap.cli.console import console_for_output
 from rolltap.cli.trajectory_view import render_segments
 from rolltap.store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
 from rolltap.store.bridging import Bridging
+from rolltap.store.toolparse import ToolParsing
 
 _TAILS = (("verifier_tail", "verifier output"), ("harness_tail", "harness log"))
 
@@ -28,6 +29,7 @@ def show(
     _header(console, rollout)
     _outcome(console, rollout)
     _bridging(console, calls)
+    _tool_parsing(console, calls)
     _calls(console, calls)
     if conversation:
         _conversation(console, store, calls)
@@ -67,6 +69,18 @@ def _bridging(console: Console, calls: list[CallView]) -> None:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(bridging.outcomes.items()))
         shown = "- (no call continued a conversation)" if rate is None else f"{rate:.2f}"
         console.print(f"  token-in  bridge_break_rate {shown}  ({outcomes})")
+
+
+def _tool_parsing(console: Console, calls: list[CallView]) -> None:
+    parsing = ToolParsing.of(c.tool_parse for c in calls)
+    if parsing is None:
+        return
+    rate = parsing.malformed_call_rate
+    shown = "- (no answer wrote a call)" if rate is None else f"{rate:.2f}"
+    counts = f"ok {parsing.ok}, malformed {parsing.malformed}, none {parsing.none}"
+    console.print(f"  tool calls  malformed_call_rate {shown}  ({counts})")
+    for reason in parsing.reasons:
+        console.print(f"    malformed: {escape(reason)}")
 
 
 def _outcome(console: Console, r: RolloutView) -> None:

@@ -124,6 +124,8 @@ class Service:
         data["rollouts"] = {"total": len(views), "by_status": statuses}
         bridging = await self.store.bridging(batch_id=batch.id)
         data["bridging"] = None if bridging is None else bridging.as_dict()
+        parsing = await self.store.tool_parsing(batch_id=batch.id)
+        data["tool_parsing"] = None if parsing is None else parsing.as_dict()
         data["reward"] = {"mean": summary.mean_reward}
         data["pass_at_k"] = {
             "k": k,

@@ -67,6 +67,7 @@ CALL_FIELDS = [
     "completion_tokens",
     "n_choices",
     "bridge",
+    "tool_parse",
     "digest",
     "hash",
 ]

@@ -5,7 +5,7 @@ backend set that hold on both."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +20,7 @@ from rolltap.store import Store
 from tests.support.databases import PostgresServer
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import Engine, OpenAIFactory, fake_engine, running_proxy
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.postgres
 
@@ -72,13 +73,6 @@ async def _post(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return data
 
 
-async def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition never held"
-        await asyncio.sleep(0.01)
-
-
 async def test_a_rollout_on_both_replicas_keeps_one_backend_and_one_sequence(
     replicas: Replicas, sdk: OpenAIFactory
 ) -> None:
@@ -124,13 +118,13 @@ async def test_pause_on_one_replica_holds_the_other_until_resume_with_a_version(
             messages=MESSAGES,  # type: ignore[arg-type]
         )
     )
-    await _until(lambda: replicas.b.ctx.gate.waiting == 1)
+    await until(lambda: replicas.b.ctx.gate.waiting == 1)
     await asyncio.sleep(0.1)
     assert not held.done()
 
     await _post(f"{replicas.b.url}/admin/resume", {"weight_version": "7"})
     await held
-    await _until(lambda: not replicas.a.ctx.gate.paused)
+    await until(lambda: not replicas.a.ctx.gate.paused)
     assert replicas.a.ctx.gate.weight_version == "7"
     reply = await sdk(f"{replicas.a.url}/r/{created.key}/v1").chat.completions.create(
         model="m",
@@ -157,7 +151,7 @@ async def test_weight_update_drains_every_replica_and_commits_everywhere(
                 messages=MESSAGES,  # type: ignore[arg-type]
             )
         )
-        await _until(lambda: replicas.b.ctx.gate.inflight == 1)
+        await until(lambda: replicas.b.ctx.gate.inflight == 1)
         began = await _post(f"{replicas.a.url}/v1/weights/begin", {"mode": "drain", "timeout": 10})
         # A's answer waited for B's call: drained speaks for every replica.
         assert began["drained"] is True
@@ -166,7 +160,7 @@ async def test_weight_update_drains_every_replica_and_commits_everywhere(
 
         committed = await _post(f"{replicas.a.url}/v1/weights/commit", {"version": "v2"})
         assert committed["weight_version"] == "v2"
-        await _until(lambda: replicas.b.ctx.gate.weight_version == "v2")
+        await until(lambda: replicas.b.ctx.gate.weight_version == "v2")
         assert replicas.b.ctx.gate.epoch_of("v2") == replicas.a.ctx.gate.epoch_of("v2") == 1
         assert not replicas.b.ctx.gate.paused
 
@@ -174,13 +168,13 @@ async def test_weight_update_drains_every_replica_and_commits_everywhere(
 async def test_a_backend_added_on_one_replica_serves_from_both(replicas: Replicas) -> None:
     async with fake_engine() as extra:
         await _post(f"{replicas.a.url}/admin/backends", {"url": extra.url})
-        await _until(lambda: replicas.b.ctx.pool.get(extra.url) is not None)
+        await until(lambda: replicas.b.ctx.pool.get(extra.url) is not None)
         async with aiohttp.ClientSession() as session:
             async with session.delete(
                 f"{replicas.b.url}/admin/backends", params={"url": extra.url}
             ) as resp:
                 assert resp.status == 200
-        await _until(lambda: replicas.a.ctx.pool.get(extra.url) is None)
+        await until(lambda: replicas.a.ctx.pool.get(extra.url) is None)
 
 
 async def test_a_replica_that_starts_later_takes_over_the_gate(

@@ -16,6 +16,7 @@ from rolltap.store import CallStatus, Store
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.processes import free_port
 from tests.support.proxy import Engine, OpenAIFactory, fake_engine, new_rollout, running_proxy
+from tests.support.waiting import until
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -116,7 +117,7 @@ async def test_stream_that_breaks_before_its_first_event_fails_over(
 async def test_health_checks_take_backends_out_and_bring_them_back(store: Store) -> None:
     async with three_engines() as engines, running_proxy(store, *(e.url for e in engines)) as proxy:
         engines[0].fake.healthy = False
-        await _until(lambda: not proxy.ctx.pool.get(engines[0].url).healthy)  # type: ignore[union-attr]
+        await until(lambda: not proxy.ctx.pool.get(engines[0].url).healthy)  # type: ignore[union-attr]
         rollouts = [await new_rollout(store) for _ in range(12)]
         async with aiohttp.ClientSession() as session:
             for _, key in rollouts:
@@ -128,7 +129,7 @@ async def test_health_checks_take_backends_out_and_bring_them_back(store: Store)
         assert len(engines[0].fake.requests) == 0
 
         engines[0].fake.healthy = True
-        await _until(lambda: proxy.ctx.pool.get(engines[0].url).healthy)  # type: ignore[union-attr]
+        await until(lambda: proxy.ctx.pool.get(engines[0].url).healthy)  # type: ignore[union-attr]
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"{proxy.url}/admin/backends") as resp,
@@ -199,11 +200,3 @@ async def test_no_backend_left_is_503_and_recorded(
     ]
     assert failures
     assert not any("failing over" in m for m in failures)
-
-
-async def _until(condition: object, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")

@@ -8,11 +8,11 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import pytest
 
 from rolltap.store import CallStatus, Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import OpenAIFactory, fake_engine, running_proxy
+from tests.support.waiting import until
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -39,17 +39,17 @@ async def test_drain_holds_new_calls_lets_inflight_finish_and_fails_none(
             asyncio.create_task(client.chat.completions.create(**stream_body)),  # type: ignore[call-overload]
             asyncio.create_task(client.chat.completions.create(**stream_body, stream=True)),  # type: ignore[call-overload]
         ]
-        await _until(lambda: proxy.ctx.gate.inflight == 2)
+        await until(lambda: proxy.ctx.gate.inflight == 2)
         async with aiohttp.ClientSession() as session:
             begin = asyncio.create_task(
                 _json(session, "POST", f"{proxy.url}/v1/weights/begin", json={"mode": "drain"})
             )
-            await _until(lambda: proxy.ctx.gate.paused)
+            await until(lambda: proxy.ctx.gate.paused)
             held = [
                 asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
                 for _ in range(3)
             ]
-            await _until(lambda: proxy.ctx.gate.waiting == 3)
+            await until(lambda: proxy.ctx.gate.waiting == 3)
             status, began = await begin
             assert (status, began["drained"], began["inflight"]) == (200, True, 0)
             assert began["update"] == {"mode": "drain"}
@@ -197,14 +197,6 @@ async def test_versions_are_ordered_by_commit_and_the_routes_need_the_admin_toke
         assert gate.epoch_of("never-committed") == 0
 
 
-async def _until(condition: Any, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail("condition never held")
-
-
 async def test_an_update_left_open_past_its_lease_is_cancelled(
     store: Store, sdk: OpenAIFactory
 ) -> None:
@@ -220,7 +212,7 @@ async def test_an_update_left_open_past_its_lease_is_cancelled(
             )
             assert status == 200
             held = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
-            await _until(lambda: proxy.ctx.gate.waiting == 1)
+            await until(lambda: proxy.ctx.gate.waiting == 1)
             # The trainer never comes back: the lease runs out and the call goes on.
             await held
             status, error = await _json(

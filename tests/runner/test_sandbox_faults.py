@@ -34,19 +34,12 @@ from tests.support.sandboxes import (
     searchable,
     spec_for,
 )
+from tests.support.waiting import until
 
 
 def _marker() -> str:
     """A sleep duration no other process on the machine is using."""
     return f"9{secrets.randbelow(10**6):06d}.{secrets.randbelow(10**6):06d}"
-
-
-async def _until(condition, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.mark.parametrize("kind", ISOLATED_KINDS)
@@ -64,7 +57,7 @@ async def test_a_hung_command_dies_at_its_timeout_with_every_descendant(
         box = await provider.create(spec_for(plain_task()))
         try:
             running = asyncio.ensure_future(box.exec(script, timeout=4))
-            await _until(lambda: len(host_processes_running(f"sleep {mark}")) >= 4, "all started")
+            await until(lambda: len(host_processes_running(f"sleep {mark}")) >= 4, "all started")
             result = await running
         finally:
             await box.close()
@@ -81,7 +74,7 @@ async def test_local_timeout_kills_the_group_and_its_descendants(tmp_path: Path)
         box = await provider.create(spec_for(plain_task()))
         try:
             running = asyncio.ensure_future(box.exec(script, timeout=4))
-            await _until(lambda: len(host_processes_running(f"sleep {mark}")) >= 3, "all started")
+            await until(lambda: len(host_processes_running(f"sleep {mark}")) >= 3, "all started")
             result = await running
         finally:
             await box.close()
@@ -124,10 +117,10 @@ async def test_a_killed_runner_takes_its_bwrap_sandboxes_with_it(tmp_path: Path)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "created\n"
-        await _until(lambda: host_processes_running(f"sleep {mark}") != [], "the sleep started")
+        await until(lambda: host_processes_running(f"sleep {mark}") != [], "the sleep started")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        await _until(lambda: host_processes_running(f"sleep {mark}") == [], "the sandbox died")
+        await until(lambda: host_processes_running(f"sleep {mark}") == [], "the sandbox died")
     finally:
         proc.kill()
         proc.wait()
@@ -166,7 +159,7 @@ async def test_a_killed_runner_leaves_containers_that_the_ttl_stops_and_sweep_re
         assert len(left(5, running=True)) == 1
         assert len(left(3600, running=True)) == 1
         # The TTL ends the short-lived one's processes; the stopped container waits for a sweep.
-        await _until(lambda: left(5, running=True) == [], "the short-lived one ended", tries=400)
+        await until(lambda: left(5, running=True) == [], "the short-lived one ended", timeout=20)
         assert len(left(3600, running=True)) == 1
         provider = await DockerProvider.connect()
         try:

@@ -4,10 +4,8 @@ every sandbox and process of a batch and marks its rollouts cancelled, deleting 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import secrets
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
 from tests.support.sandboxes import host_processes_running
 from tests.support.service import running_service
+from tests.support.waiting import until
 
 
 def _mark() -> str:
@@ -48,14 +47,6 @@ def _harness(mark: str) -> str:
 
 def _task(task_id: str) -> dict[str, str]:
     return {"id": task_id, "instruction": f"{task_id}: say yes", "test": "grep -q yes answer.txt"}
-
-
-async def _until(condition: Callable[[], Any], what: str, tries: int = 600) -> None:
-    for _ in range(tries):
-        if await condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def test_informative_groups_are_kept_and_uninformative_ones_dropped(
@@ -146,7 +137,7 @@ async def test_cancel_kills_every_sandbox_and_marks_rollouts_cancelled_deleting_
             called = len(views) == 4 and all(v.n_calls == 1 for v in views)
             return called and len(host_processes_running(f"sleep {mark}")) >= 4
 
-        await _until(all_hanging, "every rollout called the model and hangs")
+        await until(all_hanging, "every rollout called the model and hangs")
         cancelled = await service.client.cancel(batch.id)
         left = host_processes_running(f"sleep {mark}")
         events = [e async for e in service.client.events(batch.id)]

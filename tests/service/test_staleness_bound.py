@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import tempfile
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from rolltap.store import CallStatus, RolloutStatus, Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
 from tests.support.service import RunningService, running_service
+from tests.support.waiting import until
 
 # Three chained turns. An instruction of "wait" holds the harness after its first turn until
 # the test drops /tmp/go-on into its sandbox. A refused call ends it, its error on stderr.
@@ -80,14 +80,6 @@ def _long_turns(fake: FakeVLLM) -> int:
     )
 
 
-async def _eventually(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    for _ in range(600):
-        if await condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def _update(service: RunningService, version: str) -> None:
     async with service.client.weight_update(version, mode="abort_resume") as update:
         assert update.began["drained"] is True
@@ -100,7 +92,7 @@ async def _mid_answer_update(service: RunningService, fake: FakeVLLM, rollouts: 
     async def answering() -> bool:
         return _long_turns(fake) == rollouts
 
-    await _eventually(answering, "every second turn being answered")
+    await until(answering, "every second turn being answered")
     await asyncio.sleep(0.3)  # some tokens sampled, most still to come
     await _update(service, "2")
 
@@ -180,7 +172,7 @@ async def test_drop_refuses_the_next_call_in_the_client_s_shape_and_drops_the_gr
             views = await store.rollouts(batch=batch.id)
             return len(views) == 2 and all(v.n_calls == 1 for v in views)
 
-        await _eventually(first_calls_done, "every rollout made its first call")
+        await until(first_calls_done, "every rollout made its first call")
         await _update(service, "2")
         _release(batch.id)
         events = [e async for e in service.client.events(batch.id)]

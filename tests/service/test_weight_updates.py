@@ -16,6 +16,7 @@ from rolltap.store.steps import TurnKind
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
 from tests.support.service import RunningService, running_service
+from tests.support.waiting import until
 
 # Two chained turns (the second call's prompt extends the first call's plus its answer), with a
 # pause between them long enough for the test to update the weights in it.
@@ -46,20 +47,12 @@ TASKS = [
 ]
 
 
-async def _until(condition: object, what: str, tries: int = 600) -> None:
-    for _ in range(tries):
-        if await condition():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def _first_turns_done(service: RunningService, store: Store, batch_id: str) -> None:
     async def done() -> bool:
         views = await store.rollouts(batch=batch_id)
         return len(views) == 4 and all(v.n_calls == 1 for v in views)
 
-    await _until(done, "every rollout made its first call")
+    await until(done, "every rollout made its first call")
 
 
 def _release(*batch_ids: str) -> None:
@@ -96,7 +89,7 @@ async def test_an_update_mid_batch_holds_calls_fails_none_and_stamps_both_versio
             assert update.began["drained"] is True
             _release(batch.id)
             # Every second turn reaches the proxy and waits there: none is refused.
-            await _until(
+            await until(
                 lambda: _async(service.proxy.ctx.gate.waiting == 4), "all second turns held"
             )
             assert len(fake.requests) == 4
@@ -149,7 +142,7 @@ async def test_an_abort_resume_update_mid_answer_fails_no_call_and_splits_the_an
         )
         await _first_turns_done(service, store, batch.id)
         _release(batch.id)
-        await _until(lambda: _async(len(fake.requests) == 8), "every second turn being answered")
+        await until(lambda: _async(len(fake.requests) == 8), "every second turn being answered")
         await asyncio.sleep(0.2)
         async with client.weight_update("2", mode="abort_resume") as update:
             assert update.began["drained"] is True
@@ -218,7 +211,7 @@ async def _first_turns_done_of(store: Store, batch_ids: list[str]) -> None:
         views = [v for b in batch_ids for v in await store.rollouts(batch=b)]
         return len(views) == 4 and all(v.n_calls == 1 for v in views)
 
-    await _until(done, "every rollout made its first call")
+    await until(done, "every rollout made its first call")
 
 
 async def _async(value: bool) -> bool:

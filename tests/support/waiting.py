@@ -1,17 +1,31 @@
-"""Waiting in a test for something another task or process brings about."""
+"""Waiting in a test for something another task or process brings about: one helper for every
+suite (a condition may be a plain function or a coroutine function)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 
-async def until(condition: Callable[[], object], timeout: float = 20.0) -> None:
-    """Return once `condition()` is true; fail the test after `timeout` seconds."""
-    for _ in range(int(timeout / 0.01)):
-        if condition():
+async def until(
+    condition: Callable[[], object] | Callable[[], Awaitable[object]],
+    what: str = "the condition",
+    *,
+    timeout: float = 20.0,
+    every: float = 0.02,
+) -> None:
+    """Return once `condition()` (awaited when it is a coroutine) is true; fail the test,
+    naming `what`, after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        held = condition()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
             return
-        await asyncio.sleep(0.01)
-    pytest.fail("condition never held")
+        if asyncio.get_running_loop().time() >= deadline:
+            pytest.fail(f"never happened within {timeout:g} s: {what}")
+        await asyncio.sleep(every)

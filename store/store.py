@@ -9,7 +9,17 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import egress, hacks, integrity, lifecycle, migrate, queries, routed, trajectory
+from rolltap.store import (
+    egress,
+    hacks,
+    integrity,
+    lifecycle,
+    migrate,
+    queries,
+    routed,
+    training,
+    trajectory,
+)
 from rolltap.store.analysis import AnalysisThread
 from rolltap.store.bridging import Bridging
 from rolltap.store.database import Database, open_database, unavailable
@@ -216,6 +226,12 @@ class Store:
             await self._writes().submit(
                 Apply(functools.partial(egress.insert_records, records=list(records)))
             )
+
+    async def record_metrics(self, record: training.PostedMetrics) -> None:
+        """Store figures posted about a batch (store/training.py); durable on return."""
+        await self._writes().submit(
+            Apply(functools.partial(training.insert_metrics, record=record))
+        )
 
     def forget(self, rollout_id: str) -> None:
         """Release the writer's cached state of a rollout that will get no more calls."""

@@ -376,6 +376,29 @@ class AsyncClient:
         _, data = await self._request("GET", path)
         return [parse_group(g) for g in data["groups"]]
 
+    async def post_metrics(
+        self,
+        batch_id: str,
+        metrics: Mapping[str, Any],
+        *,
+        policy_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Store the trainer's figures about a batch for `rolltap ui`'s training view: e.g.
+        {"logprob_mismatch_max": 2.4e-5, "loss": 0.01, "seconds": {"sample": 41.0, "update":
+        2.1}} (numbers, short strings, or one level of numbers; rolltap.runner.service.posted).
+        `policy_version`: the version they are about, the batch's by default. Returns the
+        stored record."""
+        body: dict[str, Any] = {"metrics": dict(metrics)}
+        if policy_version is not None:
+            body["policy_version"] = policy_version
+        _, data = await self._request("POST", f"/v1/batches/{batch_id}/metrics", body)
+        return dict(data)
+
+    async def metrics(self, batch_id: str) -> list[dict[str, Any]]:
+        """What trainers posted about a batch, oldest first."""
+        _, data = await self._request("GET", f"/v1/batches/{batch_id}/metrics")
+        return list(data["metrics"])
+
     # -- weights ------------------------------------------------------------------------------
 
     async def weights(self) -> dict[str, Any]:
@@ -544,6 +567,21 @@ class Client:
 
     def collected(self, batch_id: str, *, after: int = 0, limit: int = 100) -> list[Group]:
         return self._loop.run(self._client.collected(batch_id, after=after, limit=limit))
+
+    def post_metrics(
+        self,
+        batch_id: str,
+        metrics: Mapping[str, Any],
+        *,
+        policy_version: str | None = None,
+    ) -> dict[str, Any]:
+        """See `AsyncClient.post_metrics`."""
+        return self._loop.run(
+            self._client.post_metrics(batch_id, metrics, policy_version=policy_version)
+        )
+
+    def metrics(self, batch_id: str) -> list[dict[str, Any]]:
+        return self._loop.run(self._client.metrics(batch_id))
 
     def weights(self) -> dict[str, Any]:
         return self._loop.run(self._client.weights())

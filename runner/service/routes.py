@@ -9,6 +9,9 @@
     GET    /v1/batches/{id}/events        SSE: `group` as each kept group completes, `dropped`,
                                           then `done`; Last-Event-ID (or ?after=) resumes
     DELETE /v1/batches/{id}               cancel: sandboxes killed, rollouts marked cancelled
+    POST   /v1/batches/{id}/metrics       the trainer's figures about the batch (body:
+                                          rolltap.runner.service.posted), stored; 201
+    GET    /v1/batches/{id}/metrics       what trainers posted about it, oldest first
 
 Errors have the proxy's OpenAI-style shape.
 """
@@ -26,6 +29,7 @@ from rolltap.proxy.errors import BadRequest, Conflict, NotFoundError
 from rolltap.runner.service.batch import Batch
 from rolltap.runner.service.events import Event, EventKind
 from rolltap.runner.service.groups import GroupRecord, group_message
+from rolltap.runner.service.posted import parse_posted
 from rolltap.runner.service.service import BatchConflict, Service, UnknownBatch
 from rolltap.runner.service.spec import SpecError
 from rolltap.wire import ENCODINGS
@@ -42,6 +46,8 @@ def mount(app: web.Application, service: Service) -> None:
     app.router.add_delete("/v1/batches/{batch_id}", cancel_batch)
     app.router.add_get("/v1/batches/{batch_id}/groups", list_groups)
     app.router.add_get("/v1/batches/{batch_id}/events", events)
+    app.router.add_post("/v1/batches/{batch_id}/metrics", post_metrics)
+    app.router.add_get("/v1/batches/{batch_id}/metrics", list_metrics)
 
     async def stop(_: web.Application) -> None:
         await service.close()
@@ -121,6 +127,37 @@ async def list_groups(request: web.Request) -> web.Response:
         for g in chosen
     ]
     return _json({"groups": messages, "last_seq": chosen[-1].seq if chosen else after})
+
+
+async def post_metrics(request: web.Request) -> web.Response:
+    batch_id = request.match_info["batch_id"]
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    try:
+        posted = parse_posted(body)
+    except SpecError as e:
+        raise BadRequest(e.message, param=e.param, code="invalid_metrics") from None
+    try:
+        record = await request.app[SERVICE].record_metrics(
+            batch_id, posted.policy_version, posted.metrics
+        )
+    except UnknownBatch:
+        raise NotFoundError(f"no batch {batch_id!r} in this service or its store") from None
+    return _json(record.as_dict(), 201)
+
+
+async def list_metrics(request: web.Request) -> web.Response:
+    batch_id = request.match_info["batch_id"]
+    try:
+        records = await request.app[SERVICE].metrics(batch_id)
+    except UnknownBatch:
+        raise NotFoundError(f"no batch {batch_id!r} in this service or its store") from None
+    return _json({"metrics": [r.as_dict() for r in records]})
 
 
 async def events(request: web.Request) -> web.StreamResponse:

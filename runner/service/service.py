@@ -12,18 +12,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from rolltap.runner.service.batch import Batch, BatchStatus
 from rolltap.runner.service.clock import PolicyClock
 from rolltap.runner.service.events import EventKind
 from rolltap.runner.service.executor import ExecutorFactory
+from rolltap.runner.service.posted import service_record
 from rolltap.runner.service.scheduler import Scheduler
 from rolltap.runner.service.spec import ServiceLimits, SpecError, parse_spec
 from rolltap.runner.summary import current_attempts, summarize
-from rolltap.store import Store
+from rolltap.store import Store, StoreError
 from rolltap.store.ids import new_id
+from rolltap.store.models import MetricsSource
+from rolltap.store.training import PostedMetrics, metrics_of
 
 log = logging.getLogger("rolltap.runner.service")
 
@@ -55,6 +59,8 @@ class Service:
         self._model = model
         self._batches: dict[str, Batch] = {}
         self._submitting = asyncio.Lock()
+        self.session = new_id()
+        """This service's run: the training view shows the batches of one session together."""
 
     async def submit(
         self, body: dict[str, Any], idempotency_key: str | None = None
@@ -85,6 +91,7 @@ class Service:
                     )
             batch = Batch(batch_id, spec, idempotency_key, resumed=bool(stored))
             self._batches[batch_id] = batch
+            await self._record(batch)
             batch.runner = asyncio.ensure_future(self._run(batch))
             return batch, True
 
@@ -96,6 +103,39 @@ class Service:
 
     def batches(self) -> list[Batch]:
         return list(self._batches.values())
+
+    async def record_metrics(
+        self, batch_id: str, policy_version: str | None, metrics: Mapping[str, Any]
+    ) -> PostedMetrics:
+        """Store what a trainer posts about a batch (the batch's policy version unless it says
+        another). Raises UnknownBatch for a batch neither this service nor the store knows."""
+        known = await self._policy_version(batch_id)
+        record = PostedMetrics(
+            id=new_id(),
+            batch_id=batch_id,
+            source=MetricsSource.TRAINER,
+            policy_version=policy_version if policy_version is not None else known,
+            session=None,
+            posted_at=datetime.now(UTC),
+            metrics=dict(metrics),
+        )
+        await self.store.record_metrics(record)
+        return record
+
+    async def metrics(self, batch_id: str) -> list[PostedMetrics]:
+        """What trainers posted about a batch, oldest first."""
+        await self._policy_version(batch_id)
+        return await self.store.db.read(metrics_of, [batch_id], source=MetricsSource.TRAINER)
+
+    async def _policy_version(self, batch_id: str) -> str | None:
+        batch = self._batches.get(batch_id)
+        if batch is not None:
+            return batch.spec.policy_version
+        stored = await self.store.rollouts(batch=batch_id, limit=1)
+        if not stored:
+            raise UnknownBatch(batch_id)
+        version = stored[0].meta.get("policy_version")
+        return None if version is None else str(version)
 
     async def cancel(self, batch_id: str) -> Batch:
         """Stop the batch: its sandboxes killed, its unfinished rollouts marked cancelled."""
@@ -113,6 +153,7 @@ class Service:
     async def status(self, batch: Batch) -> dict[str, Any]:
         """The batch's counts: rollouts by status, groups, and pass@k over complete groups."""
         data = batch.summary()
+        data["session"] = self.session
         views = current_attempts(await self.store.rollouts(batch=batch.id))
         statuses: dict[str, int] = {}
         for view in views:
@@ -147,7 +188,25 @@ class Service:
             log.exception("batch %s failed", batch.id)
             batch.finish(BatchStatus.FAILED, f"{type(e).__name__}: {e}")
         finally:
+            await self._record(batch)
             await batch.events.append(EventKind.DONE, await self.status(batch))
+
+    async def _record(self, batch: Batch) -> None:
+        """The batch's service record (session, labels, groups kept and dropped), as it starts
+        and as it ends, for the training view; a store that fails it costs the view only."""
+        record = PostedMetrics(
+            id=new_id(),
+            batch_id=batch.id,
+            source=MetricsSource.SERVICE,
+            policy_version=batch.spec.policy_version,
+            session=self.session,
+            posted_at=datetime.now(UTC),
+            metrics=service_record(batch),
+        )
+        try:
+            await self.store.record_metrics(record)
+        except StoreError as e:
+            log.warning("batch %s: its service record was not stored: %s", batch.id, e)
 
     async def _stop(self, batch: Batch) -> None:
         runner = batch.runner

@@ -38,6 +38,7 @@ ROLLOUT_FIELDS = [
     "head_hash",
     "head_seq",
     "key_revoked_at",
+    "hack_flags",
     "meta",
 ]
 CALL_FIELDS = [

@@ -18,6 +18,7 @@ from rolltap.ui.errors import BadQuery
 from rolltap.ui.lists import batch_page, batches_page, rollouts_page
 from rolltap.ui.rollout import body_json, call_page, rollout_page, tokens_fragment
 from rolltap.ui.templates import HERE
+from rolltap.ui.training_page import training_page
 
 log = logging.getLogger("rolltap.ui")
 
@@ -43,6 +44,7 @@ def make_app(ctx: UIContext) -> web.Application:
     app.router.add_get("/", batches_page)
     app.router.add_get("/batches/{batch_id:.+}", batch_page)
     app.router.add_get("/rollouts", rollouts_page)
+    app.router.add_get("/training", training_page)
     app.router.add_get("/rollouts/{rollout_id}", rollout_page)
     app.router.add_get("/rollouts/{rollout_id}/calls/{seq}", call_page)
     app.router.add_get("/rollouts/{rollout_id}/calls/{seq}/tokens", tokens_fragment)

@@ -32,6 +32,7 @@ from rolltap.proxy.secret import signing_key
 from rolltap.proxy.tokenin.bridge import Bridges, LocalTemplate
 from rolltap.proxy.tokenin.config import TokenIn
 from rolltap.store import CallDialect, Store, StoreState
+from rolltap.store.hacks import HackFlag
 
 _MODELS_TTL = 10.0
 _SWEEP_EVERY = 30.0
@@ -137,6 +138,7 @@ def make_app(
             extend(app, ctx)
         app.cleanup_ctx.append(_client_session)
         app.cleanup_ctx.append(_forgetting)
+        app.cleanup_ctx.append(_counting_hacks)
         app.cleanup_ctx.append(expiring)
         app.cleanup_ctx.append(_replicas)
     return app
@@ -163,6 +165,21 @@ async def _forgetting(app: web.Application) -> AsyncIterator[None]:
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
+
+
+async def _counting_hacks(app: web.Application) -> AsyncIterator[None]:
+    """Rollouts flagged through this proxy's store, per detector, on /metrics."""
+    ctx = app[CONTEXT]
+
+    def count(_: str, flags: list[HackFlag]) -> None:
+        for detector in {f.detector for f in flags}:
+            ctx.metrics.hacked.inc(detector=detector)
+
+    unsubscribe = ctx.store.on_hack_flags(count)
+    try:
+        yield
+    finally:
+        unsubscribe()
 
 
 async def _replicas(app: web.Application) -> AsyncIterator[None]:

@@ -152,6 +152,12 @@ class ProxyMetrics:
             "Calls of token-in rollouts: outcome `bridged`, or the reason code of a fallback.",
             ("outcome",),
         )
+        self.hacked = Counter(
+            r,
+            "rolltap_hack_flagged_rollouts_total",
+            "Finished rollouts the reward-hack detectors flagged, by detector (store/hacks.py).",
+            ("detector",),
+        )
         self.bridge_seconds = Histogram(
             r,
             "rolltap_bridge_seconds",

@@ -54,6 +54,7 @@ from rolltap.runner.settings import BatchSettings
 from rolltap.runner.summary import BatchSummary, current_attempts, summarize
 from rolltap.runner.tasks import Task, load_tasks
 from rolltap.store import RolloutStatus, Store
+from rolltap.store.hacks import Detector, load_detectors
 from rolltap.store.lifecycle import OPEN
 from rolltap.store.url import DatabaseURL
 
@@ -107,6 +108,8 @@ async def run_batch(
     replay: Cassette | None = None,
     egress: EgressSettings | None = None,
     token_in: TokenInOptions | None = None,
+    prune_git_history: bool = True,
+    detectors: Sequence[str | Detector] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> BatchResult:
     """Run (or resume) a batch and return its results and summary.
@@ -114,8 +117,12 @@ async def run_batch(
     `meta` goes into each new rollout's meta; `replay` answers the batch's calls from a
     recorded rollout (runner/replay.py); `egress`: HTTP(S) out of the sandboxes through the
     run's egress gate (runner/egress), recorded with each rollout; `token_in`: the batch's
-    rollouts in token-in mode when enabled, and the parsers of the run's own proxy."""
+    rollouts in token-in mode when enabled, and the parsers of the run's own proxy;
+    `prune_git_history=False` keeps each task's git history beyond its base commit (runner/
+    guard.py); `detectors`: the reward-hack detectors by name or dotted path (store/hacks.py),
+    or detectors themselves, added to the defaults (`load_detectors`)."""
     loaded = list(tasks) if not isinstance(tasks, str | Path) else load_tasks(Path(tasks))
+    checkers = _detectors(detectors)
     if not loaded:
         raise ValueError("no tasks to run")
     adapter_ = adapter(harness) if isinstance(harness, str) else harness
@@ -181,6 +188,7 @@ async def run_batch(
             max_tokens_cap=max_tokens_cap,
             max_steps=max_steps,
             timeout=timeout,
+            keep_git_history=None if prune_git_history else True,
             egress=None
             if egress is None or not egress.enabled
             else f"{egress.mode.value} {' '.join(sorted(egress.allow))}".strip(),
@@ -246,6 +254,8 @@ async def run_batch(
             task_hashes=task_hashes,
             revoke_key=host.revoke,
             egress=gate,
+            prune_git=prune_git_history,
+            detectors=checkers,
         )
         started = time.monotonic()
         try:
@@ -256,6 +266,12 @@ async def run_batch(
         views = current_attempts(await store.rollouts(batch=batch_id))
         summary = summarize(batch_id, views, time.monotonic() - started)
         return BatchResult(batch_id, list(results), summary)
+
+
+def _detectors(given: Sequence[str | Detector] | None) -> list[Detector]:
+    """The defaults plus the named ones (DetectorError, before anything runs, for a bad name)."""
+    names = [d for d in given or () if isinstance(d, str)]
+    return [*load_detectors(names), *(d for d in given or () if not isinstance(d, str))]
 
 
 async def _interrupted(store: Store, batch_id: str) -> None:

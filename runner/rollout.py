@@ -15,8 +15,8 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from rolltap.runner import provenance
 from rolltap.runner.egress import EgressGate, EgressMode, sandbox_env
 from rolltap.runner.egress.settings import BUNDLE_NAME
+from rolltap.runner.guard import HistoryNotPruned, describe, guard_workspace
 from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
 from rolltap.runner.harnesses.base import BuiltIn
 from rolltap.runner.plan import INFRA, Planned, next_attempt
@@ -41,6 +42,7 @@ from rolltap.runner.sandboxes.provision import provision
 from rolltap.runner.tasks import Task
 from rolltap.runner.verify import TEST_OUTPUT, Verdict, VerifyError, verify
 from rolltap.store import RolloutStatus, Store
+from rolltap.store.hacks import AUDIT_META, Detector, HackFlag, detect, load_detectors
 
 log = logging.getLogger("rolltap.runner")
 
@@ -135,6 +137,12 @@ class Shared:
     store reaches any other proxy on its next re-read of the rollout, within seconds."""
     egress: EgressGate | None = None
     """The run's egress gate (`--egress allowlist|intercept`); None: no way out but the proxy."""
+    prune_git: bool = True
+    """Prune git history beyond the base commit where the task allows it (runner/guard.py);
+    False: `rolltap run --keep-git-history`."""
+    detectors: Sequence[Detector] | None = None
+    """The reward-hack detectors every finished rollout is checked with (store/hacks.py);
+    None: `load_detectors()`."""
 
 
 @runtime_checkable
@@ -202,9 +210,16 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             raise InfraFailure(f"sandbox did not start: {e}", calls_made=False) from e
         try:
             await provision(box, task, log=logs / "setup.log")
+            facts = await guard_workspace(box, task, prune=shared.prune_git, log=logs / "setup.log")
         except SandboxError as e:
             await box.close()
             raise InfraFailure(f"task setup failed: {e}", calls_made=False) from e
+        except HistoryNotPruned as e:
+            await box.close()
+            return await _finish(
+                shared, planned, logs, RolloutStatus.FAILED, None, None, str(e), seconds
+            )
+        await _record_audit(shared, planned, facts, logs)
         seconds["init"] = time.monotonic() - started
     try:
         async with shared.pools.run:
@@ -271,12 +286,15 @@ async def _run_harness(
             staged.write_text(content)
             await box.put(staged, str(inside))
     timeout = shared.timeout or planned.task.agent_timeout_sec
+    # Unprivileged where the kind would run it as root (docker): its paths become its own.
+    await box.hand_over(box.agent_user)
     result = await box.exec(
         list(launch.argv),
         env=dict(launch.env),
         cwd=str(launch.cwd),
         timeout=timeout,
         log=logs / "harness.log",
+        user=box.agent_user,
     )
     if launch.stdout_path is not None:
         (logs / "harness-stdout.txt").write_text(result.stdout)
@@ -350,6 +368,7 @@ async def _finish(
         "verifier_tail": _tail(logs / "verifier" / TEST_OUTPUT),
         "harness_tail": _tail(logs / "harness.log"),
     }
+    flags = await _hack_flags(shared, planned, status)
     # An ending the proxy wrote first (its budget, its batch's bound on staleness) stays: the
     # lifecycle keeps it and records the reward and the rest beside it (store/lifecycle.py).
     await store.update_rollout(
@@ -360,6 +379,7 @@ async def _finish(
         reward=reward,
         reward_details=details,
         error=error,
+        hack_flags=flags,
     )
     view = await store.rollout(planned.rollout_id)
     status, error = view.status, view.error
@@ -391,6 +411,27 @@ async def _finish(
     )
     progress.finished.append(result)
     return result
+
+
+async def _hack_flags(shared: Shared, planned: Planned, status: RolloutStatus) -> list[HackFlag]:
+    """What the reward-hack detectors flag in the rollout's record (store/hacks.py), read once
+    all of it is stored: its calls, and its egress requests flushed."""
+    if shared.egress is not None:
+        await shared.egress.flush(shared.store)
+    record = await shared.store.hack_record(planned.rollout_id)
+    record = replace(record, rollout=replace(record.rollout, status=status))
+    return detect(record, load_detectors() if shared.detectors is None else shared.detectors)
+
+
+async def _record_audit(
+    shared: Shared, planned: Planned, facts: dict[str, Any], logs: Path
+) -> None:
+    """What the detectors will need of the task (runner/guard.py), kept with the rollout."""
+    line = describe(facts)
+    if line is not None:
+        with (logs / "setup.log").open("a") as f:
+            f.write(f"rolltap: {line}\n")
+    await shared.store.update_rollout(planned.rollout_id, merge_meta={AUDIT_META: facts})
 
 
 def _tail(path: Path, lines: int = 8, chars: int = 2000) -> str | None:

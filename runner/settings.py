@@ -34,6 +34,8 @@ class BatchSettings:
     timeout: float | None
     egress: str | None = None
     """The egress mode and its allow-list (None: no egress gate)."""
+    keep_git_history: bool | None = None
+    """True: tasks kept their git history beyond the base commit (None: pruned, the default)."""
 
     @classmethod
     def of(
@@ -66,6 +68,7 @@ _FLAGS = {
     "max_steps": "--max-steps",
     "timeout": "--timeout",
     "egress": "--egress/--allow-host",
+    "keep_git_history": "--keep-git-history",
 }
 
 

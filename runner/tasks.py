@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Task", "TaskEnvironment", "TaskFormatError", "load_tasks", "parse_jsonl"]
+__all__ = [
+    "Task",
+    "TaskAudit",
+    "TaskEnvironment",
+    "TaskFormatError",
+    "load_tasks",
+    "parse_jsonl",
+]
 
 DEFAULT_WORKDIR = "/app"
 DEFAULT_AGENT_TIMEOUT_SEC = 600.0
@@ -77,11 +84,30 @@ class TaskEnvironment:
     """rolltap's addition to [environment]: host patterns this task may reach with egress."""
     build_timeout_sec: float = DEFAULT_BUILD_TIMEOUT_SEC
     env: Mapping[str, str] = field(default_factory=dict)
+    prune_git_history: bool = True
+    """rolltap's addition to [environment]: a workdir in a git repository keeps only what its
+    base commit sees (runner/guard.py); false keeps its branches, tags, reflogs and objects."""
 
     @property
     def has_image(self) -> bool:
         """True when image-based kinds take the environment from the task's own image."""
         return self.docker_image is not None or self.dockerfile_dir is not None
+
+
+@dataclass(frozen=True)
+class TaskAudit:
+    """task.toml [audit] (rolltap's own table; Harbor ignores it): what the reward-hack detectors
+    should know of the task (store/detectors.py)."""
+
+    upstream: tuple[str, ...] = ()
+    """Where the task's code comes from (`github.com/acme/lib`, a host, a URL): fetching it is
+    flagged. The remotes of the task's repository count too, without being listed."""
+    packages: tuple[str, ...] = ()
+    """The code under test as a package index names it: installing it is flagged. The workdir's
+    own top-level packages count too."""
+    protected_paths: tuple[str, ...] = ()
+    """Paths (relative to the workdir, or absolute; globs allowed) the verifier relies on besides
+    /tests and /logs/verifier: reading or writing them is flagged."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +136,7 @@ class Task:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     entry_hash: str | None = None
     """A JSONL task's content hash: `sha256:` + SHA-256 of its line's canonical JSON."""
+    audit: TaskAudit = field(default_factory=TaskAudit)
 
 
 def load_tasks(path: Path | str) -> list[Task]:
@@ -201,6 +228,7 @@ def _load_task_dir(d: Path) -> Task:
         solution_dir=solution_dir if has_solution else None,
         solution_env=_str_map(solution, "env", f"{toml_path} [solution]"),
         metadata=_table(config, "metadata", toml_path),
+        audit=_audit(_table(config, "audit", toml_path), f"{toml_path} [audit]"),
     )
 
 
@@ -236,7 +264,33 @@ def _environment(env_dir: Path, table: dict[str, Any], where: str) -> TaskEnviro
         allowed_hosts=_host_list(table, where),
         build_timeout_sec=_timeout(table, where, DEFAULT_BUILD_TIMEOUT_SEC, "build_timeout_sec"),
         env=_str_map(table, "env", where),
+        prune_git_history=_bool(table, "prune_git_history", where, True),
     )
+
+
+def _audit(table: dict[str, Any], where: str) -> TaskAudit:
+    unknown = sorted(set(table) - {"upstream", "packages", "protected_paths"})
+    if unknown:
+        raise TaskFormatError(where, f"unknown key(s) {unknown}")
+    return TaskAudit(
+        upstream=_strings(table, "upstream", where),
+        packages=_strings(table, "packages", where),
+        protected_paths=_strings(table, "protected_paths", where),
+    )
+
+
+def _strings(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise TaskFormatError(where, f"`{key}` must be a list of strings")
+    return tuple(value)
+
+
+def _bool(table: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise TaskFormatError(where, f"`{key}` must be true or false")
+    return value
 
 
 def _host_list(table: dict[str, Any], where: str) -> tuple[str, ...]:

@@ -117,6 +117,8 @@ async def verify(
     there. test.sh's output goes to `log`, by default out_dir/test-stdout.txt."""
     out_dir.mkdir(parents=True, exist_ok=True)
     await sandbox.reap()
+    # What an unprivileged agent was given (docker) goes back to the verifier's user.
+    await sandbox.hand_over(task.verifier_user)
     await sandbox.fresh_dir("/logs/verifier", user=task.verifier_user)
     await sandbox.fresh_dir("/tests")
     if task.tests_dir is not None:

@@ -38,6 +38,7 @@ from rolltap.store.models import RolloutStatus
 from rolltap.store.shell import program_name, simple_commands
 
 _NOISE = re.compile(r"[\"',\[\]()]")
+_PROGRAMS_IN_CODE = {"git", "pip", "pip3", "uv", "curl", "wget", "sleep"}
 _HEX = re.compile(r"(?<![0-9a-fA-F])[0-9a-f]{7,40}(?![0-9a-fA-F])")
 
 
@@ -48,7 +49,10 @@ def commands(text: str) -> tuple[tuple[str, ...], ...]:
     found = [tuple(argv) for argv in simple_commands(text)]
     plain = _NOISE.sub(" ", text)
     if plain != text:
-        found += [tuple(argv) for argv in simple_commands(plain) if tuple(argv) not in found]
+        for argv in simple_commands(plain):
+            # An argv list inside code: the program is wherever its name stands.
+            starts = [i for i, w in enumerate(argv) if i == 0 or w in _PROGRAMS_IN_CODE]
+            found += [tuple(argv[i:]) for i in starts if tuple(argv[i:]) not in found]
     return tuple(found)
 
 
@@ -73,11 +77,11 @@ def flag(
 
 
 def _first_per_reason(flags: Iterator[HackFlag]) -> list[HackFlag]:
-    """One flag per (call, reason): a command seen in several ways is named once."""
-    seen: set[tuple[str | None, str, str | None]] = set()
+    """One flag per (call, reason, source): a command seen in several ways is named once."""
+    seen: set[tuple[str | None, str, str]] = set()
     kept = []
     for f in flags:
-        key = (f.call_id, f.reason, f.command)
+        key = (f.call_id, f.reason, f.source)
         if key not in seen:
             seen.add(key)
             kept.append(f)
@@ -297,7 +301,7 @@ def _protected_in_text(text: str, facts: TaskFacts) -> str | None:
 # --- upstream_fetch -------------------------------------------------------------------------
 
 _NETWORK_GIT = {"fetch", "pull", "clone", "ls-remote"}
-_URL = re.compile(r"(?:https?|git|ssh|ftp)://[^\s'\"<>`)]+|git@[\w.-]+:[^\s'\"<>`)]+")
+_URL = re.compile(r"(?:https?|git|ssh|ftp)://[^\s'\"<>`)\\]+|git@[\w.-]+:[^\s'\"<>`)\\]+")
 
 
 def _network_git(sub: str, args: list[str]) -> bool:
@@ -609,8 +613,11 @@ class IdleClock:
         limit = LONG_SLEEP_SEC
         if facts.agent_timeout is not None:
             limit = min(limit, facts.agent_timeout / 2)
+        named = {f.call_id for f in found}
         for action in actions:
             waits = wait_seconds(action.target)
+            if action.call_id in named and action is actions[-1]:
+                continue  # named already: it ran the clock out
             if waits is not None and waits[1] and waits[0] >= limit:
                 seconds = "for ever" if waits[0] == FOREVER else f"{waits[0]:g} s"
                 found.append(flag(action, f"sleeps {seconds}"))

@@ -1,5 +1,6 @@
 """`rolltap audit verify`: recompute rollouts' hash chains and say what was altered, and where;
-check a signed export against its signature and the store."""
+check a signed export against its signature and the store. `rolltap audit hacks`: run the
+reward-hack detectors over what the store recorded and name each flagged call."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rolltap.cli.options import db_option
 from rolltap.cli.signing import secret_option, signing_key
 from rolltap.store import NotFound, StoreReader, signature
 from rolltap.store import open as open_store
+from rolltap.store.hacks import DetectorError, HackFlag, flags_of, load_detectors
 from rolltap.store.integrity import RolloutIntegrity
 
 
@@ -90,6 +92,121 @@ def verify(
         console.print(f"{len(ids)} rollouts: {len(ids) - failed} intact, {failed} with issues")
     if failed:
         sys.exit(1)
+
+
+@audit.command()
+@db_option
+@click.argument("rollout_id", required=False)
+@click.option("--batch", help="Every rollout of this batch.")
+@click.option("--all", "every", is_flag=True, help="Every rollout in the store.")
+@click.option(
+    "--detector",
+    "detectors",
+    multiple=True,
+    metavar="NAME|MODULE:ATTR",
+    help="Run only these built-ins (repeat), add a detector of yours by dotted path, or leave "
+    "one out with -NAME. Default: the built-ins and installed rolltap.detectors entry points.",
+)
+@click.option(
+    "--stored",
+    is_flag=True,
+    help="Show the flags stored when each rollout finished instead of running the detectors.",
+)
+@click.option(
+    "--save",
+    is_flag=True,
+    help="Store the flags found as each rollout's hack_flags (sealed into an ended one's head).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per rollout (JSON Lines) on stdout."
+)
+def hacks(
+    db_url: str | None,
+    rollout_id: str | None,
+    batch: str | None,
+    every: bool,
+    detectors: tuple[str, ...],
+    stored: bool,
+    save: bool,
+    as_json: bool,
+) -> None:
+    """Run the reward-hack detectors over each rollout's recorded tool calls, tool results and
+    egress (store/detectors.py), and list every flag with the call and the command that raised
+    it. Exit status 1 when any rollout is flagged. ROLLOUT may be a unique prefix of its id."""
+    if sum(x is not None for x in (rollout_id, batch)) + every != 1:
+        raise _Unclear("audit which rollouts? give one of: a ROLLOUT id, --batch NAME, or --all")
+    if stored and (save or detectors):
+        raise _Unclear("--stored shows what is stored: it takes no --detector or --save")
+    try:
+        chosen = load_detectors(list(detectors))
+    except DetectorError as e:
+        raise click.ClickException(str(e)) from e
+    console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    flagged = 0
+    by_detector: dict[str, int] = {}
+    with open_store(db_url, read_only=not save) as store:
+        views = (
+            [store.rollout(store.resolve("rollout", rollout_id))]
+            if rollout_id is not None
+            else store.rollouts(batch=batch_filter(store, batch), oldest_first=True)
+        )
+        if not views:
+            raise click.ClickException(
+                "the store holds no rollouts yet" if every else f"batch {batch!r} has no rollouts"
+            )
+        for view in views:
+            kept = flags_of(view.hack_flags)
+            if stored:
+                found = kept or []
+            else:
+                found = store.run(store.store.check_hacks(view.id, chosen, save=save))
+            flagged += bool(found)
+            for detector in {f.detector for f in found}:
+                by_detector[detector] = by_detector.get(detector, 0) + 1
+            if as_json:
+                row = {
+                    "rollout_id": view.id,
+                    "batch_id": view.batch_id,
+                    "task_id": view.task_id,
+                    "status": view.status.value,
+                    "reward": view.reward,
+                    "flags": [f.as_dict() for f in found],
+                    "stored": None if kept is None else [f.as_dict() for f in kept],
+                }
+                click.echo(json.dumps(row))
+            elif found:
+                _render_flags(console, view.id, view.task_id, view.reward, found, kept, stored)
+    if not as_json:
+        counts = ", ".join(f"{d} {n}" for d, n in sorted(by_detector.items())) or "none"
+        console.print(
+            f"{len(views)} rollout{'s' * (len(views) != 1)}: {flagged} flagged ({counts}), "
+            f"{len(views) - flagged} clean"
+        )
+    if flagged:
+        sys.exit(1)
+
+
+def _render_flags(
+    console: Console,
+    rollout_id: str,
+    task_id: str | None,
+    reward: float | None,
+    found: list[HackFlag],
+    kept: list[HackFlag] | None,
+    stored: bool,
+) -> None:
+    note = ""
+    if not stored and kept is not None and kept != found:
+        note = f"  [yellow](stored when it finished: {len(kept)} flags)[/yellow]"
+    console.print(
+        f"rollout {rollout_id}  task {escape(task_id or '-')}  reward {reward}  "
+        f"[red bold]{len(found)} flag{'s' * (len(found) != 1)}[/red bold]{note}"
+    )
+    for f in found:
+        where = f"seq {f.seq} call {f.call_id}" if f.call_id else f.source
+        console.print(f"  [red]{f.detector:>14}[/red]  {where}  {escape(f.reason)}")
+        if f.command:
+            console.print(f"  {'':>14}  [dim]{escape(f.command)}[/dim]")
 
 
 class _Unclear(click.ClickException):

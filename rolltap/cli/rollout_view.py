@@ -15,6 +15,7 @@ from rolltap.cli.console import console_for_output
 from rolltap.cli.trajectory_view import render_segments
 from rolltap.store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
 from rolltap.store.bridging import Bridging
+from rolltap.store.hacks import flags_of
 from rolltap.store.toolparse import ToolParsing
 
 _TAILS = (("verifier_tail", "verifier output"), ("harness_tail", "harness log"))
@@ -28,6 +29,7 @@ def show(
     console = console_for_output()
     _header(console, rollout)
     _outcome(console, rollout)
+    render_hacks(console, rollout)
     _bridging(console, calls)
     _tool_parsing(console, calls)
     _calls(console, calls)
@@ -38,6 +40,22 @@ def show(
     _render_egress(console, store.egress(rollout_id))
     if calls:
         render_segments(console, store.rollout_trajectories(rollout_id, detokenizer=detokenizer))
+
+
+def render_hacks(console: Console, r: RolloutView) -> None:
+    """What the reward-hack detectors flagged (store/hacks.py); nothing when never checked."""
+    flags = flags_of(r.hack_flags)
+    if flags is None:
+        return
+    if not flags:
+        console.print("[bold]hack flags[/bold]  none")
+        return
+    detectors = sorted({f.detector for f in flags})
+    console.print(f"[bold red]hack flags[/bold red]  {len(flags)}: {', '.join(detectors)}")
+    for f in flags:
+        where = f"seq {f.seq}" if f.seq is not None else f.source
+        command = f"  [dim]{escape(f.command)}[/dim]" if f.command else ""
+        console.print(f"  [red]{f.detector}[/red] ({where}) {escape(f.reason)}{command}")
 
 
 def task_label(r: RolloutView) -> str:

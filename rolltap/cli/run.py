@@ -151,6 +151,21 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     "temperature, top_p, top_k, min_p, max_tokens, seed, presence_penalty, frequency_penalty, "
     "repetition_penalty. A seed is derived per sample and call (README, Train on it).",
 )
+@click.option(
+    "--keep-git-history",
+    is_flag=True,
+    help="Keep each task's git history beyond its base commit (other branches, tags, reflogs, "
+    "stashes, unreachable objects). By default a workdir in a git repository keeps only what "
+    "HEAD sees, unless the task says `prune_git_history = false`.",
+)
+@click.option(
+    "--detector",
+    "detectors",
+    multiple=True,
+    metavar="NAME|MODULE:ATTR",
+    help="Check every finished rollout with a reward-hack detector of yours too (dotted path; "
+    "repeatable), or leave a built-in out with -NAME (rolltap audit hacks).",
+)
 @token_in_options
 @capture_routed_experts_option
 @db_option
@@ -181,12 +196,20 @@ def run(
     egress_config: Path | None,
     ray_address: str | None,
     sampling_pairs: tuple[str, ...],
+    keep_git_history: bool,
+    detectors: tuple[str, ...],
     token_in: TokenInOptions,
     capture_routed_experts: bool,
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
     from rolltap.runner.egress import load_settings
+    from rolltap.store.hacks import DetectorError, load_detectors
+
+    try:
+        load_detectors(list(detectors))
+    except DetectorError as e:
+        raise click.ClickException(str(e)) from e
 
     sampling = _sampling(sampling_pairs)
     meta: dict[str, Any] | None = {"sampling": sampling} if sampling else None
@@ -264,6 +287,8 @@ def run(
             harness_from=harness_from,
             egress=egress_settings,
             token_in=token_in,
+            prune_git_history=not keep_git_history,
+            detectors=list(detectors),
             meta=meta,
             progress=progress,
             say=say,
@@ -285,6 +310,8 @@ _NOT_ON_RAY = {
     "egress": "--egress",
     "allow_hosts": "--allow-host",
     "egress_config": "--egress-config",
+    "keep_git_history": "--keep-git-history",
+    "detectors": "--detector",
 }
 """Flags of a local batch that a Ray batch cannot honour: each node runs its own proxy in front
 of --backend, harnesses from the node's host install, as many at once as its `sandbox` cap."""

@@ -77,6 +77,10 @@ class EgressGate:
             with contextlib.suppress(EgressUnavailable):
                 await self._send("removed", token, {"op": "remove", "token": token})
 
+    async def flush(self, store: Store) -> None:
+        """Stores the requests recorded so far (the flusher does it every FLUSH_EVERY s)."""
+        await _flush(self, store)
+
     def take_records(self) -> list[EgressRecord]:
         taken, self._pending = self._pending, []
         return taken

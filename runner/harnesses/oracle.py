@@ -6,6 +6,12 @@ setup, the proxy, the verifier, the store) with `solution/solve.sh` (or the JSON
 task's `[solution] env`, its output kept as /logs/agent/oracle.txt. It makes no model call. A task
 whose verifier does not give its own solution full reward is broken: `failed_oracle` names it
 before anyone trains on it.
+
+A solution can also be a scripted agent: `python3 /solution/rolltap-step COMMAND` (copied in
+beside it, runner/harnesses/step.py) sends each command to the proxy as a harness sends a
+model's tool call (refused, since the oracle serves no model, and recorded), then runs it. The
+reward-hack detectors read those commands from the record as they read a real agent's
+(examples/hacks/: an honest solution and an exploit per detector).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from rolltap.runner.summary import BatchSummary, TaskSummary
 
 SOLUTION = PurePosixPath("/solution")
 NAME = "oracle"
+STEP = Path(__file__).with_name("step.py")
+"""rolltap-step, the scripted agent's step (copied to /solution/rolltap-step)."""
 
 
 class Oracle:
@@ -42,7 +50,14 @@ class Oracle:
         task = ctx.task
         if task is None:
             raise ValueError("the oracle runs a task's solution: RunContext.task must be set")
-        env = base_env(ctx, installation) | {"DEBIAN_FRONTEND": "noninteractive"}
+        env = base_env(ctx, installation) | {
+            "DEBIAN_FRONTEND": "noninteractive",
+            # Where a scripted agent's steps go (rolltap-step), as a harness's calls would.
+            "OPENAI_BASE_URL": ctx.openai_base_url,
+            "OPENAI_API_KEY": ctx.key,
+            "ANTHROPIC_BASE_URL": ctx.rollout_url,
+            "ROLLTAP_MODEL": ctx.model,
+        }
         solve = SOLUTION / "solve.sh"
         argv: tuple[str, ...] = ("bash", str(solve))
         files: dict[PurePosixPath, str] = {}
@@ -54,6 +69,7 @@ class Oracle:
         else:
             missing = f"task {task.id} has no reference solution (solution/solve.sh)"
             argv = ("sh", "-c", f"echo '{missing}' >&2; exit 2")
+        copies[SOLUTION / "rolltap-step"] = STEP
         return Launch(
             argv=argv,
             env=env | dict(task.solution_env),

@@ -145,6 +145,19 @@ class Sandbox(Protocol):
         environment/files and ran setup.sh; otherwise `provision` does both."""
         ...
 
+    @property
+    def agent_user(self) -> str | None:
+        """Who the harness runs as (exec's `user`): an unprivileged user where the kind's
+        commands otherwise run as the image's root (docker); None where every command runs as
+        the one sandbox user (local, bwrap, apptainer)."""
+        ...
+
+    async def hand_over(self, user: str | None) -> None:
+        """Gives the agent's paths (the workdir, /logs/agent, /logs/artifacts, HOME) to `user`
+        before the harness runs, and the workdir back (to the verifier's user; None: root)
+        before the tests. Kinds with one sandbox user have nothing to hand over."""
+        ...
+
     async def exec(
         self,
         cmd: Command,

@@ -12,6 +12,13 @@
   runner was killed stops at its TTL and stays, stopped, until a sweep or `docker container
   prune`. The main process runs as root; commands run as exec(user=...) or
   the image's USER.
+- The agent: the harness runs unprivileged (`agent_user`): as the task's `[agent] user`, else the
+  image's own non-root USER, else rolltap's agent user (uid and gid 61000, `rolltap`, HOME
+  /home/rolltap, added to the image's passwd at start), so root-owned files of the image (its
+  /etc/shadow, a verifier's fixtures kept under /root) stay out of its reach. Root without
+  CAP_CHOWN cannot give it the workdir, so the daemon does: `hand_over` extracts a copy of the
+  workdir, /logs/agent, /logs/artifacts and HOME owned by the agent (setuid and setgid bits
+  dropped), and the workdir back to the verifier's user (root) before the tests.
 - Privileges: no capability at all (`cap_drop=ALL`; root inside owns the image's files but can
   override no permission, chown nothing, kill no other user's process, open no raw socket) and
   `no-new-privileges` (setuid binaries do not raise anyone). Tasks needing root powers do that
@@ -55,7 +62,13 @@ from rolltap.runner.sandboxes.base import (
     SandboxSpec,
     command_argv,
 )
-from rolltap.runner.sandboxes.docker_copy import get_path, put_bytes, put_dir_entry, put_path
+from rolltap.runner.sandboxes.docker_copy import (
+    chown_tree,
+    get_path,
+    put_bytes,
+    put_dir_entry,
+    put_path,
+)
 from rolltap.runner.sandboxes.docker_exec import ContainerExec
 from rolltap.runner.sandboxes.docker_images import (
     HARNESS_BUILD_TIMEOUT,
@@ -74,6 +87,7 @@ from rolltap.runner.sandboxes.errors import (
     SandboxStartError,
     SandboxUnavailable,
 )
+from rolltap.runner.sandboxes.identity import DEFAULT_SANDBOX_ID
 from rolltap.runner.sandboxes.workspace import HOME, label, normalize
 from rolltap.runner.sandboxes.wrapped import egress_args
 from rolltap.runner.tasks import Task
@@ -89,12 +103,20 @@ DEFAULT_PIDS_LIMIT = 4096
 """Processes (threads included) a container may hold when the task sets no limit."""
 # How often a running command is checked for "exited, but a leftover holds its output open".
 EXIT_POLL_SEC = 2.0
+AGENT_ID = DEFAULT_SANDBOX_ID
+AGENT_NAME = "rolltap"
+AGENT_HOME = "/home/rolltap"
+"""HOME of an unprivileged agent (never /root: the image may keep what only root may read)."""
+_ROOT_USERS = ("", "0", "root", "0:0", "root:root")
 
 # $1 workdir, $2 port, $3 proxy socket inside (or empty), $4 ttl seconds, then the forwarder's
 # egress options. The forwarder prints its port on stdout once bound: the container log is how
 # create() learns the sandbox is ready.
 _INIT = """
 mkdir -p "$1" {log_dirs} || exit 1
+grep -q '^{agent}:' /etc/passwd 2>/dev/null ||
+  echo '{agent}:x:{uid}:{uid}:rolltap agent:{home}:/bin/sh' >> /etc/passwd 2>/dev/null
+grep -q '^{agent}:' /etc/group 2>/dev/null || echo '{agent}:x:{uid}:' >> /etc/group 2>/dev/null
 port=$2 unix=$3 ttl=$4
 shift 4
 if [ -n "$unix" ]; then
@@ -104,7 +126,13 @@ else
   echo ready
 fi
 exec sleep "$ttl"
-""".format(log_dirs=" ".join(LOG_DIRS), forwarder=INSIDE_FORWARDER)
+""".format(
+    log_dirs=" ".join(LOG_DIRS),
+    forwarder=INSIDE_FORWARDER,
+    agent=AGENT_NAME,
+    uid=AGENT_ID,
+    home=AGENT_HOME,
+)
 
 # $0 an absolute path. Replaces it with an empty directory: a link planted on the way is removed
 # (it could lead the verifier's files elsewhere); what cannot be deleted (a subtree whose owner
@@ -142,6 +170,8 @@ class DockerSandbox:
         self._on_close = on_close
         self._closed = False
         self._ran = False  # a command ran since the last reap: something may be left
+        self._agent = agent_of(spec.task.agent_user, default_user)
+        self._handed: tuple[int, int] | None = None  # the owner hand_over gave the paths to
 
     @property
     def proxy_url(self) -> str | None:
@@ -153,11 +183,34 @@ class DockerSandbox:
 
     @property
     def home(self) -> str:
-        return HOME
+        return HOME if self._agent is None else AGENT_HOME
 
     @property
     def environment_built(self) -> bool:
         return self._environment_built
+
+    @property
+    def agent_user(self) -> str | None:
+        return self._agent
+
+    async def hand_over(self, user: str | None) -> None:
+        if user is None and self._handed is None:
+            return  # nothing was handed to an agent: root still owns what it made
+        uid, gid = await self._ids(user)
+        if self._handed == (uid, gid):
+            return
+        paths = [self.workdir]
+        if self._handed is None:
+            paths += ["/logs/agent", "/logs/artifacts", self.home]
+            made = await self._exec(["mkdir", "-p", self.home], user="0", timeout=60)
+            if not made.ok:
+                raise SandboxExecError(f"cannot make {self.home}: {made.stderr.strip()[-300:]}")
+        for path in paths:
+            await self._provider.run(
+                chown_tree, self._provider.raw, self.container_id, path, uid, gid,
+                error=SandboxCopyError,
+            )  # fmt: skip
+        self._handed = (uid, gid)
 
     async def exec(
         self,
@@ -232,13 +285,7 @@ class DockerSandbox:
         done = await self._exec(["sh", "-c", _FRESH, inside], user="0", timeout=60)
         if not done.ok:
             raise SandboxExecError(f"cannot empty {inside}: {done.stderr.strip()[-300:]}")
-        uid = gid = 0
-        if user not in (None, "", "0", "root"):
-            ids = await self._exec(["sh", "-c", _IDS], user=user, timeout=60)
-            found = ids.stdout.split()
-            if not ids.ok or len(found) != 2 or not all(x.isdigit() for x in found):
-                raise SandboxExecError(f"user {user} is unknown in the image: {ids.stderr}")
-            uid, gid = int(found[0]), int(found[1])
+        uid, gid = await self._ids(user)
         # Root without CAP_CHOWN cannot give it away; the daemon can, by extracting it.
         await self._provider.run(
             put_dir_entry, self._provider.raw, self.container_id, inside, uid, gid,
@@ -249,6 +296,16 @@ class DockerSandbox:
         self._closed = True
         self._on_close(self)
         await self._provider.run(self._provider.remove, self.container_id)
+
+    async def _ids(self, user: str | None) -> tuple[int, int]:
+        """The uid and gid a user name (or uid, or uid:gid) stands for in this image."""
+        if user in (None, *_ROOT_USERS):
+            return 0, 0
+        ids = await self._exec(["sh", "-c", _IDS], user=user, timeout=60)
+        found = ids.stdout.split()
+        if not ids.ok or len(found) != 2 or not all(x.isdigit() for x in found):
+            raise SandboxExecError(f"user {user} is unknown in the image: {ids.stderr}")
+        return int(found[0]), int(found[1])
 
     async def _finish(
         self, job: asyncio.Future[int], command: ContainerExec, timeout: float | None
@@ -278,6 +335,15 @@ class DockerSandbox:
             # Something without the marker still holds the output open: stop reading.
             command.abandon()
             await asyncio.wait([job], timeout=KILL_GRACE_SEC)
+
+
+def agent_of(task_user: str | None, image_user: str) -> str | None:
+    """Who the harness runs as: the task's [agent] user, else the image's own non-root USER,
+    else rolltap's agent user; None for root (the exec default)."""
+    chosen = task_user if task_user is not None else image_user
+    if task_user is None and image_user in _ROOT_USERS:
+        chosen = f"{AGENT_ID}:{AGENT_ID}"
+    return None if chosen in _ROOT_USERS else chosen
 
 
 class DockerProvider:

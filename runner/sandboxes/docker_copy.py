@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import posixpath
 import shutil
 import tarfile
 import tempfile
@@ -37,6 +38,30 @@ def put_dir_entry(
         tar.addfile(info)
     buf.seek(0)
     _put_archive(api, container_id, buf)
+
+
+def chown_tree(api: docker.APIClient, container_id: str, inside: str, uid: int, gid: int) -> None:
+    """Gives a directory tree to uid:gid (root in the container has no CAP_CHOWN): the daemon
+    extracts a copy of it whose every member has that owner, setuid and setgid bits dropped."""
+    try:
+        stream, _ = api.get_archive(container_id, inside)
+    except docker.errors.NotFound as e:
+        raise SandboxCopyError(f"{inside} does not exist in the sandbox") from e
+    parent = posixpath.dirname(inside.rstrip("/")).lstrip("/")
+    with tempfile.TemporaryFile() as got, tempfile.TemporaryFile() as out:
+        for chunk in stream:
+            got.write(chunk)
+        got.seek(0)
+        with tarfile.open(fileobj=got) as tar, tarfile.open(fileobj=out, mode="w") as owned:
+            for member in tar:
+                member.name = posixpath.join(parent, member.name)
+                if member.islnk():
+                    member.linkname = posixpath.join(parent, member.linkname)
+                member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
+                member.mode &= ~0o6000
+                owned.addfile(member, tar.extractfile(member) if member.isreg() else None)
+        out.seek(0)
+        _put_archive(api, container_id, out)
 
 
 def put_path(api: docker.APIClient, container_id: str, host_path: Path, inside: str) -> None:

@@ -148,6 +148,13 @@ class LocalSandbox:
         src, fence = locate(self._ws, self._spec.mounts, inside_path, writing=False)
         await asyncio.to_thread(copy_out, src, host_path, fence)
 
+    @property
+    def agent_user(self) -> str | None:
+        return None  # everything runs as the runner's user
+
+    async def hand_over(self, user: str | None) -> None:
+        """Nothing to hand over: every command runs as the runner's user."""
+
     async def reap(self) -> None:
         """Nothing to kill: each command's reaper killed what it left (module docstring)."""
 

@@ -102,6 +102,13 @@ class WrappedSandbox:
     def workspace(self) -> Path:
         return self._ws.dir
 
+    @property
+    def agent_user(self) -> str | None:
+        return None  # every command runs as the sandbox user (identity.py)
+
+    async def hand_over(self, user: str | None) -> None:
+        """Nothing to hand over: the workspace is the sandbox user's, who runs every command."""
+
     async def exec(
         self,
         cmd: Command,

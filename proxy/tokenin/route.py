@@ -100,8 +100,8 @@ class TokenInRoute:
             "top_logprobs_num": self._top,
             "stream": stream,
         }
-        if chat.get("model") is not None:
-            body["model"] = chat["model"]
+        # No `model`: /generate serves the one model loaded, and neither its JSON contract
+        # (sglang/api/v1) nor GenerateReqInput has the field, so SGLang would drop it.
         return body
 
     # -- answers -----------------------------------------------------------------------------

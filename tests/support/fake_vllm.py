@@ -196,6 +196,8 @@ class FakeVLLM:
     """Answer them as vLLM does when it cannot reset: 200 with `{"success": false}`."""
     aborts: int = 0
     """POST /abort_requests so far: answers running then end at once with finish_reason abort."""
+    control: list[tuple[str, Any]] = field(default_factory=list)
+    """(path, JSON body) of every /abort_requests, /flush_cache and /reset_prefix_cache."""
     planned: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
     """Prompt -> the ids its answer was going to have: a completions request with that prompt
     plus a prefix of them (an aborted answer resumed token-in) gets the rest."""
@@ -267,11 +269,13 @@ class FakeVLLM:
     async def reset_cache(self, request: web.Request) -> web.Response:
         """SGLang's /flush_cache or vLLM's /reset_prefix_cache (this fake caches nothing)."""
         self.cache_resets.append(request.path)
+        self.control.append((request.path, orjson.loads(await request.read() or b"null")))
         return web.json_response({"success": not self.refuse_cache_reset})
 
     async def abort_requests(self, request: web.Request) -> web.Response:
         """vLLM's dev-mode abort-all: every answer being generated ends now with "abort"."""
         self.aborts += 1
+        self.control.append((request.path, orjson.loads(await request.read() or b"null")))
         return web.json_response({})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -525,10 +529,10 @@ class FakeVLLM:
                 await asyncio.sleep(delay)
         out_choices = []
         for i, c in enumerate(choices):
-            entry: dict[str, Any] = {"index": i, "message": c["message"]}
+            entry: dict[str, Any] = {"index": i, "message": self._said(c["message"])}
             entry["logprobs"] = self._logprobs(c["ids"], body) if body.get("logprobs") else None
             entry["finish_reason"] = c["finish_reason"]
-            entry["stop_reason"] = None
+            entry[self._stop_key] = None
             if with_ids:
                 entry["token_ids"] = c["ids"]
             if self.sglang and body.get("return_token_ids"):
@@ -565,6 +569,18 @@ class FakeVLLM:
         if fault.startswith("garble"):
             raw = raw[: len(raw) // 2]
         return web.Response(body=raw, content_type="application/json")
+
+    @property
+    def _stop_key(self) -> str:
+        """vLLM's `stop_reason` is SGLang's `matched_stop`."""
+        return "matched_stop" if self.sglang else "stop_reason"
+
+    def _said(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A message or delta as the engine names its parts: SGLang's `reasoning_content`."""
+        if not self.sglang or "reasoning" not in message:
+            return message
+        renamed = {k: v for k, v in message.items() if k != "reasoning"}
+        return {**renamed, "reasoning_content": message["reasoning"]}
 
     def _choice(
         self, reply: Reply, index: int, body: dict[str, Any], request_id: str
@@ -673,6 +689,7 @@ class FakeVLLM:
                     if item is None:
                         continue
                     token_id, delta = item
+                    delta = self._said(delta)
                     entry: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": None}
                     entry["logprobs"] = (
                         self._logprobs([token_id], body) if body.get("logprobs") else None
@@ -685,7 +702,7 @@ class FakeVLLM:
             for i, c in enumerate(choices):
                 final: dict[str, Any] = {"index": i, "delta": {}, "logprobs": None}
                 final["finish_reason"] = c["finish_reason"]
-                final["stop_reason"] = None
+                final[self._stop_key] = None
                 if with_ids:
                     final["token_ids"] = []
                 await send({**chunk_base, "choices": [final]})

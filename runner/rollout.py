@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
+from rolltap import telemetry
 from rolltap.runner import provenance
 from rolltap.runner.egress import EgressGate, EgressMode, sandbox_env
 from rolltap.runner.egress.settings import BUNDLE_NAME
@@ -184,11 +185,13 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
 
 
 async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
+    trace = telemetry.begin_rollout(planned.rollout_id)
     try:
         return await _attempt_in(shared, planned)
     finally:
         # Whatever happened, this attempt's sandbox has no more way out (idempotent).
         await _close_egress(shared, planned)
+        await telemetry.end_rollout(trace, shared.store)
 
 
 async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
@@ -221,6 +224,7 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             )
         await _record_audit(shared, planned, facts, logs)
         seconds["init"] = time.monotonic() - started
+        telemetry.phase_ended(telemetry.PROVISION, seconds["init"])
     try:
         async with shared.pools.run:
             started = time.monotonic()
@@ -238,10 +242,12 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
                 shared.progress.running -= 1
                 await _end_run(shared, planned, box)
             seconds["run"] = time.monotonic() - started
+            telemetry.phase_ended(telemetry.HARNESS, seconds["run"])
         async with shared.pools.eval:
             started = time.monotonic()
             verdict, verify_error = await _evaluate(box, planned, logs)
             seconds["eval"] = time.monotonic() - started
+            telemetry.phase_ended(telemetry.VERIFY, seconds["eval"])
     finally:
         await box.close()
     status, error = _status(outcome, timed_out)

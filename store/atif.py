@@ -23,8 +23,9 @@ v1.4 (prompt). The mapping, one rollout to one trajectory:
 - Calls without an answer (refused, failed), side calls (a `purpose`) and calls whose bodies are
   not understood are not steps; they are listed in `extra.rolltap.calls_not_steps`.
 - `extra.rolltap` on the trajectory carries the rollout (batch, task, sample, status, reward,
-  `head_hash`, `meta.run`); on each agent step, the call (id, seq, dialect, hash, finish reason,
-  weight version). A log probability of -inf (probability 0) is written as -3.4028235e38, the most
+  `head_hash`, `hack_flags`, `meta.run`); on each agent step, the call (id, seq, dialect, hash,
+  finish reason, weight version) and the reward-hack flags that name it (`hack_flags`,
+  store/hacks.py). A log probability of -inf (probability 0) is written as -3.4028235e38, the most
   negative float32: JSON has no infinities.
 """
 
@@ -37,6 +38,7 @@ from typing import Any
 
 from rolltap import __version__
 from rolltap.store.errors import NotFound
+from rolltap.store.hacks import by_call
 from rolltap.store.models import CallStatus, Capture
 from rolltap.store.packing import RoutingArray
 from rolltap.store.records import CallBodies, CallTokens, CallView, RolloutView
@@ -256,6 +258,11 @@ def _document(
     }
     if r.model:
         agent["model_name"] = r.model
+    flagged = by_call(r.hack_flags)
+    for step in steps:
+        about = step.get("extra", {}).get("rolltap", {})
+        if about.get("call_id") in flagged and "llm_call_count" in step:
+            about["hack_flags"] = flagged[about["call_id"]]
     return {
         "schema_version": SCHEMA_VERSION,
         "session_id": r.id,
@@ -284,6 +291,7 @@ def _document(
                 "reward_details": r.reward_details,
                 "head_hash": r.head_hash,
                 "head_seq": r.head_seq,
+                "hack_flags": r.hack_flags,
                 "run": run or None,
                 "calls_not_steps": not_steps,
             }

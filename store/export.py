@@ -9,8 +9,10 @@ same on each of its ``n_segments`` rows; ``is_replay``/``replay_of`` mark a repl
 rollout (the same tokens a second time). ``routed_experts`` (binary: the C-order
 little-endian bytes of the trajectory's routed experts, store/routed.py) with
 ``routed_experts_dtype`` (uint8, uint16, int32) and ``routed_experts_shape`` ([n_tokens - 1,
-layers, top-k], or [n_tokens - 1, layers * top-k] from SGLang), all null when it has none. JSON
-lines carry the same names, ``routed_experts`` as base64.
+layers, top-k], or [n_tokens - 1, layers * top-k] from SGLang), all null when it has none.
+``hack_flags``: the reward-hack detectors that flagged the rollout (store/hacks.py), empty when
+none did, null when it was never checked. JSON lines carry the same names, ``routed_experts``
+as base64.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ SCHEMA = pa.schema(
         ("routed_experts", pa.binary()),
         ("routed_experts_dtype", pa.string()),
         ("routed_experts_shape", pa.list_(pa.int32())),
+        ("hack_flags", pa.list_(pa.string())),
     ]
 )
 
@@ -208,6 +211,7 @@ def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
         "replay_of": t.replay_of,
         "routed_experts_dtype": None if routing is None else routing.dtype.name,
         "routed_experts_shape": None if routing is None else list(routing.shape),
+        "hack_flags": None if t.hack_flags is None else list(t.hack_flags),
     }
     if arrays:
         row |= {
@@ -268,6 +272,7 @@ def rollout_dict(built: RolloutTrajectories) -> dict[str, Any]:
             "task_id": r.task_id,
             "sample_index": r.sample_index,
             "head_hash": r.head_hash,
+            "hack_flags": r.hack_flags,
         },
         "faithfulness": built.faithfulness.as_dict(),
         "trajectories": [trajectory_dict(t) for t in built.trajectories],

@@ -251,6 +251,21 @@ def flags_of(stored: Any) -> list[HackFlag] | None:
     return [HackFlag.from_dict(f) for f in stored if isinstance(f, dict)]
 
 
+def detectors_of(stored: Any) -> tuple[str, ...] | None:
+    """The detectors that flagged a rollout, sorted (None: never checked; (): clean)."""
+    flags = flags_of(stored)
+    return None if flags is None else tuple(sorted({f.detector for f in flags}))
+
+
+def by_call(stored: Any) -> dict[str, list[dict[str, Any]]]:
+    """A rollout's stored flags grouped by the call each names."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for flag in flags_of(stored) or []:
+        if flag.call_id is not None:
+            grouped.setdefault(flag.call_id, []).append(flag.as_dict())
+    return grouped
+
+
 def as_stored(flags: Iterable[HackFlag | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Flags as the rollout row keeps them (a list of `HackFlag.as_dict()`)."""
     return [(f if isinstance(f, HackFlag) else HackFlag.from_dict(f)).as_dict() for f in flags]

@@ -69,7 +69,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from rolltap.store import compress, routed
+from rolltap.store import compress, hacks, routed
 from rolltap.store.database import Database
 from rolltap.store.delta import StoredPrompt, rebuild_prompts
 from rolltap.store.drift import (
@@ -189,6 +189,9 @@ class Trajectory:
     """The MoE experts each token was routed to (R3), row i for token i of `prompt_ids` then
     `response_ids` (n_tokens - 1 rows: the last token was never forwarded), from the segment's
     last call; None when that call has none (store/routed.py)."""
+    hack_flags: tuple[str, ...] | None = None
+    """The reward-hack detectors that flagged its rollout (store/hacks.py), sorted; () when
+    none did, None when it was never checked: a trainer should not learn from a flagged one."""
 
     @property
     def prompt_token_ids(self) -> IdArray:
@@ -492,6 +495,7 @@ def _trajectory(
         n_segments=n_segments,
         replay_of=replay_of(rollout.meta),
         routed_experts=routed.for_sequence(routing, (last.call.id, last.choice), len(arrays.ids)),
+        hack_flags=hacks.detectors_of(rollout.hack_flags),
     )
 
 

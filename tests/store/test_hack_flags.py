@@ -5,10 +5,15 @@ made in the database afterwards is caught like an edit of a call."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from rolltap.store import CallDialect, CallStatus, NewRollout, Store
+from rolltap.store.atif import rollout_atif
 from rolltap.store.chain import GENESIS_HEX, sealed_head
+from rolltap.store.export import open_writer
 from rolltap.store.hacks import HackFlag, detect, load_detectors
 from rolltap.store.integrity import IssueKind
 from tests.support.records import call
@@ -52,6 +57,7 @@ def _messages(commands: list[str], outputs: list[str]) -> bytes:
     return json.dumps({"model": "m", "max_tokens": 100, "messages": messages}).encode()
 
 
+ANSWER = b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}'
 BODIES = {
     CallDialect.CHAT: _chat,
     CallDialect.RESPONSES: _responses,
@@ -67,8 +73,8 @@ async def _rollout(store: Store, dialect: CallDialect, commands: list[str], outp
     await store.update_rollout(rollout.id, status="running")
     ids = []
     for n in range(1, len(commands) + 1):
-        record = call(rollout.id, [1, 2, 3], [4, 5],
-                      request_body=BODIES[dialect](commands[:n], outputs[: n - 1]))  # fmt: skip
+        body = BODIES[dialect](commands[:n], outputs[: n - 1])
+        record = call(rollout.id, [1, 2, 3], [4, 5], request_body=body, response_body=ANSWER)
         record.dialect = dialect
         ids.append((await store.append_call(record)).call_id)
     if end:
@@ -181,3 +187,33 @@ async def test_a_refused_call_is_read_too(store: Store) -> None:
     flags = detect(await store.hack_record(rollout.id), load_detectors())
 
     assert [(f.detector, f.call_id, f.seq) for f in flags] == [("proxy_admin", receipt.call_id, 1)]
+
+
+async def test_trajectories_parquet_and_atif_carry_the_flags(store: Store, tmp_path: Path) -> None:
+    flagged, ids = await _rollout(store, CallDialect.CHAT, ["ls", "git log --all"], ["x"])
+    clean, _ = await _rollout(store, CallDialect.CHAT, ["ls"], [])
+    unchecked, _ = await _rollout(store, CallDialect.CHAT, ["ls"], [])
+    await store.check_hacks(flagged, save=True)
+    await store.check_hacks(clean, save=True)
+
+    by_id = {
+        t.rollout_id: t async for t in store.trajectories(rollouts=[flagged, clean, unchecked])
+    }
+    writer = open_writer("parquet", tmp_path / "out.parquet")
+    writer.write(list(by_id.values()))
+    writer.close()
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    doc = await rollout_atif(store, flagged)
+
+    assert (by_id[flagged].hack_flags, by_id[clean].hack_flags) == (("git_history",), ())
+    assert by_id[unchecked].hack_flags is None
+    assert {r["rollout_id"]: r["hack_flags"] for r in rows} == {
+        flagged: ["git_history"],
+        clean: [],
+        unchecked: None,
+    }
+    assert [f["detector"] for f in doc["extra"]["rolltap"]["hack_flags"]] == ["git_history"]
+    step = next(
+        s for s in doc["steps"] if s.get("extra", {}).get("rolltap", {}).get("call_id") == ids[1]
+    )
+    assert [f["command"] for f in step["extra"]["rolltap"]["hack_flags"]] == ["git log --all"]

@@ -240,7 +240,9 @@ def check_training_view(
 
 
 def shoot(browser: Any, folder: Path, name: str) -> Path:
-    height = browser.execute_script("return document.documentElement.scrollHeight")
+    height = browser.execute_script(
+        "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight"
+    )
     browser.set_window_size(1400, min(max(height, 600), 16_000))
     path = folder / f"{name}.png"
     assert browser.save_screenshot(str(path)), path

@@ -114,6 +114,10 @@ async def test_the_fake_answers_chat_as_sglang_does(sglang: engines.SGLang, stre
         lost = engines.pydantic_ignored(validated, doc)
         problems += [f"chat #{k}: SGLang has no {key!r}" for key in sorted(lost)]
     assert problems == [], "\n".join(problems)
+    if stream:
+        # serving_chat.py: the finish_reason chunk, the sglext chunk, the usage chunk.
+        tail = [next(iter({"sglext", "usage"} & set(doc)), "choices") for doc in docs[-3:]]
+        assert tail == ["choices", "sglext", "usage"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

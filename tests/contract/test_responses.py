@@ -1,8 +1,9 @@
-"""Answers built with vLLM's own response classes and serialized as its server does
-(tests/contract/vllm_answers.py) go through rolltap's capture: the store records exactly the
-prompt ids, answer ids and logprobs vLLM sent (logprobs as float32, the store's type), whole and
-streamed, on the chat route (reasoning and a tool call parsed by the engine), on token-in's
-completions route and on token-in's chat route."""
+"""Answers built with the engines' own response classes and serialized as their servers do
+(tests/contract/vllm_answers.py, sglang_answers.py) go through rolltap's capture: the store
+records exactly the prompt ids, answer ids and logprobs the engine sent (logprobs as float32, the
+store's type), whole and streamed, on the chat route (reasoning and a tool call parsed by the
+engine), on token-in's route (vLLM's completions, SGLang's /generate) and on token-in's chat
+route."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
+from tests.contract.sglang_answers import SGLangAnswers
 from tests.contract.vllm_answers import CALL_ID, VLLMAnswers
 from tests.support.fake_vllm import Reply
 from tests.support.proxy import new_rollout, running_proxy
@@ -62,7 +64,7 @@ async def _ask(base: str, messages: list[dict[str, Any]], stream: bool) -> dict[
         for choice in json.loads(line[6:]).get("choices") or ():
             delta = choice.get("delta") or {}
             message["content"] += delta.get("content") or ""
-            message["reasoning"] += delta.get("reasoning") or ""
+            message["reasoning"] += delta.get("reasoning") or delta.get("reasoning_content") or ""
             for call in delta.get("tool_calls") or ():
                 if call.get("id"):
                     message["tool_calls"].append({**call, "function": dict(call["function"])})
@@ -73,17 +75,35 @@ async def _ask(base: str, messages: list[dict[str, Any]], stream: bool) -> dict[
     return message
 
 
+ROUTES = {
+    ("vllm", "normal"): ["/v1/chat/completions"] * 2,
+    ("vllm", "token-in"): ["/v1/chat/completions", "/v1/completions"],
+    ("vllm", "token-in-chat-route"): ["/v1/chat/completions"] * 2,
+    ("sglang", "normal"): ["/v1/chat/completions"] * 2,
+    ("sglang", "token-in"): ["/v1/chat/completions", "/generate"],
+    ("sglang", "token-in-chat-route"): ["/v1/chat/completions"] * 2,
+}
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("mode", list(MODES))
-async def test_vllm_answers_are_recorded_exactly(
-    vllm: None, store: Store, mode: str, stream: bool
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+async def test_engine_answers_are_recorded_exactly(
+    store: Store, kind: str, mode: str, stream: bool, request: pytest.FixtureRequest
 ) -> None:
-    engine = VLLMAnswers(reply=CALL)
+    engine: VLLMAnswers | SGLangAnswers
+    if kind == "vllm":
+        request.getfixturevalue("vllm")
+        engine = VLLMAnswers(reply=CALL)
+    else:
+        engine = SGLangAnswers(request.getfixturevalue("sglang"), reply=CALL)
     server = TestServer(engine.app())
     await server.start_server()
     settings, meta = MODES[mode]
+    url = str(server.make_url("")).rstrip("/")
+    backend = url if kind == "vllm" else f"sglang={url}"
     try:
-        async with running_proxy(store, str(server.make_url("")).rstrip("/"), **settings) as proxy:
+        async with running_proxy(store, backend, **settings) as proxy:
             rollout_id, key = await new_rollout(store, task_id="t", meta=meta)
             base = f"{proxy.url}/r/{key}/v1"
             messages: list[dict[str, Any]] = [{"role": "user", "content": "list /"}]
@@ -98,17 +118,12 @@ async def test_vllm_answers_are_recorded_exactly(
     finally:
         await server.close()
 
-    # The engine's parsed answer reached the client (its call id as vLLM made it).
+    # The engine's parsed answer reached the client (its call id as the engine made it).
     assert call["id"] == CALL_ID
     assert json.loads(call["function"]["arguments"]) == {"command": "ls /"}
-    assert first["reasoning"] == "look first"
-    assert (second["content"], second["reasoning"]) == ("done", "it listed")
-    routes = {
-        "normal": ["/v1/chat/completions"] * 2,
-        "token-in": ["/v1/chat/completions", "/v1/completions"],
-        "token-in-chat-route": ["/v1/chat/completions"] * 2,
-    }
-    assert [a.path for a in engine.answered] == routes[mode]
+    assert _reasoning(first) == "look first"
+    assert (second["content"], _reasoning(second)) == ("done", "it listed")
+    assert [a.path for a in engine.answered] == ROUTES[kind, mode]
     calls = sorted(await store.calls(rollout_id), key=lambda c: c.seq)
     assert [c.bridge for c in calls][1:] == ([None] if mode == "normal" else ["bridged"])
     for answered, recorded in zip(engine.answered, calls, strict=True):
@@ -119,3 +134,8 @@ async def test_vllm_answers_are_recorded_exactly(
         assert choice.logprobs is not None
         assert choice.logprobs.dtype == np.float32
         assert choice.logprobs.tolist() == np.asarray(answered.logprobs, np.float32).tolist()
+
+
+def _reasoning(message: dict[str, Any]) -> Any:
+    """vLLM's `reasoning`, SGLang's `reasoning_content` (a stream folded: either)."""
+    return message.get("reasoning") or message.get("reasoning_content")

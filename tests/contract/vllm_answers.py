@@ -77,7 +77,7 @@ class VLLMAnswers:
         ids = [*encode(generated(self.reply, self.reply.text)), IM_END]
         self.answered.append(Answered(request.path, prompt, ids, _logprobs(ids)))
         if body.get("stream"):
-            return await _sse(request, _chat_chunks(prompt, ids, message, body))
+            return await sse(request, _chat_chunks(prompt, ids, message, body))
         return _json(_chat_whole(prompt, ids, message, body))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -86,7 +86,7 @@ class VLLMAnswers:
         ids = [*encode(generated(self.completion, self.completion.text)), IM_END]
         self.answered.append(Answered(request.path, prompt, ids, _logprobs(ids)))
         if body.get("stream"):
-            return await _sse(request, _completion_chunks(prompt, ids, body))
+            return await sse(request, _completion_chunks(prompt, ids, body))
         return _json(_completion_whole(prompt, ids, body))
 
 
@@ -119,7 +119,7 @@ def _json(response: Any) -> web.Response:
     return web.Response(body=rendered.body, content_type="application/json")
 
 
-async def _sse(request: web.Request, events: list[str]) -> web.StreamResponse:
+async def sse(request: web.Request, events: list[str]) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     for data in [*events, "[DONE]"]:

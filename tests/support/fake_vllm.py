@@ -706,6 +706,15 @@ class FakeVLLM:
                 if with_ids:
                     final["token_ids"] = []
                 await send({**chunk_base, "choices": [final]})
+            # SGLang writes its sglext chunk before the usage chunk (serving_chat.py).
+            sglext: dict[str, Any] = {}
+            routing = self.routing(prompt + choices[0]["ids"], body)
+            if self.sglang and routing is not None:
+                sglext["routed_experts"] = routing
+            if self.sglang and body.get("return_output_ids_in_sglext"):
+                sglext |= {"input_ids": prompt, "output_ids": [c["ids"] for c in choices]}
+            if sglext:
+                await send({**chunk_base, "choices": [], "sglext": sglext})
             if (body.get("stream_options") or {}).get("include_usage"):
                 completion = sum(len(c["ids"]) for c in choices)
                 await send(
@@ -719,14 +728,6 @@ class FakeVLLM:
                         },
                     }
                 )
-            sglext: dict[str, Any] = {}
-            routing = self.routing(prompt + choices[0]["ids"], body)
-            if self.sglang and routing is not None:
-                sglext["routed_experts"] = routing
-            if self.sglang and body.get("return_output_ids_in_sglext"):
-                sglext |= {"input_ids": prompt, "output_ids": [c["ids"] for c in choices]}
-            if sglext:
-                await send({**chunk_base, "choices": [], "sglext": sglext})
             await resp.write(b"data: [DONE]\n\n")
         except _Ended:
             pass  # the fault wrote the stream's end itself

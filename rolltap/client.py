@@ -144,6 +144,9 @@ class Sample:
     verdict: str = "unverified"
     """Whether the task passed, from the reward: passed, partial, failed or unverified
     (`status` says only how the run ended)."""
+    hack_flags: list[dict[str, Any]] | None = None
+    """What the reward-hack detectors flagged in its record (None: never checked); with the
+    batch's `on_hack: "zero_reward"` its `reward` is 0."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ class Group:
     policy_version: str | None
     labels: dict[str, Any]
     samples: list[Sample]
+    hacked: bool = False
+    """A sample of it was flagged by the reward-hack detectors (`on_hack` says what followed)."""
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -168,7 +173,7 @@ class Group:
 
 @dataclass(frozen=True)
 class Dropped:
-    """A complete group the batch did not keep (`reason`: uninformative or stale)."""
+    """A complete group the batch did not keep (`reason`: uninformative, stale or hacked)."""
 
     seq: int
     task_id: str
@@ -226,6 +231,7 @@ def parse_group(message: Mapping[str, Any]) -> Group:
         policy_version=message.get("policy_version"),
         labels=dict(message.get("labels") or {}),
         samples=samples,
+        hacked=bool(message.get("hacked", False)),
     )
 
 
@@ -279,7 +285,7 @@ class AsyncClient:
         """Submit a batch. `tasks`: a path on the server (a task directory, a directory of
         them, or a JSONL file) or task objects in the JSONL shorthand. `options` are the other
         fields of POST /v1/batches: budgets, labels, policy_version, sampling, keep,
-        target_groups, max_staleness, stale, concurrency, pools, retries, egress."""
+        target_groups, max_staleness, stale, on_hack, concurrency, pools, retries, egress."""
         body: dict[str, Any] = {
             "tasks": str(tasks) if isinstance(tasks, str | Path) else [dict(t) for t in tasks],
             "harness": harness,

@@ -6,7 +6,9 @@ with reward null. A sample is stale when its oldest call is more than `max_stale
 updates old, now or when the proxy checked it at a dispatch (proxy/staleness.py: meta["stale"]);
 `stale: "drop"` drops its whole group (a group must be compared within itself), `"flag"` and
 `"relaunch"` keep it with the samples marked. A relaunched sample is its new attempt, judged on
-its own calls: the attempt the proxy stopped is not in the group.
+its own calls: the attempt the proxy stopped is not in the group. A sample the reward-hack
+detectors flagged (its rollout's hack_flags) is delivered with its flags (`on_hack: "flag"`),
+with reward 0 (`"zero_reward"`, the group judged on that), or drops its group (`"drop"`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from rolltap import wire
 from rolltap.proxy.staleness import StalePolicy, stale_mark
 from rolltap.runner.plan import RELAUNCH_OF
 from rolltap.runner.service.clock import VersionClock
-from rolltap.runner.service.spec import BatchSpec, Keep
+from rolltap.runner.service.spec import BatchSpec, Keep, OnHack
 from rolltap.store import RolloutView, Store
 from rolltap.store.steps import version_range
 from rolltap.store.trajectory import RolloutTrajectories, Trajectory
 
 DROPPED_UNINFORMATIVE = "uninformative"
 DROPPED_STALE = "stale"
+DROPPED_HACKED = "hacked"
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class GroupRecord:
     stale: tuple[bool, ...]
     kept: bool
     reason: str | None
-    """Why it was dropped: uninformative or stale."""
+    """Why it was dropped: uninformative, stale or hacked."""
+    hacked: tuple[bool, ...] = ()
+    """Whether the reward-hack detectors flagged each sample."""
 
 
 def judge(
@@ -56,7 +61,10 @@ def judge(
     spec: BatchSpec,
     clock: VersionClock,
 ) -> GroupRecord:
+    hacked = tuple(bool(b.rollout.hack_flags) for b in built)
     rewards = tuple(b.rollout.reward for b in built)
+    if spec.on_hack is OnHack.ZERO_REWARD:
+        rewards = tuple(0.0 if h else r for r, h in zip(rewards, hacked, strict=True))
     informative = len({0.0 if r is None else r for r in rewards}) > 1
     staleness = tuple(_staleness(b, clock) for b in built)
     limit = spec.max_staleness
@@ -69,6 +77,8 @@ def judge(
         reason = DROPPED_UNINFORMATIVE
     elif any(stale) and spec.stale is StalePolicy.DROP:
         reason = DROPPED_STALE
+    elif any(hacked) and spec.on_hack is OnHack.DROP:
+        reason = DROPPED_HACKED
     return GroupRecord(
         seq=seq,
         task_id=task_id,
@@ -79,6 +89,7 @@ def judge(
         stale=stale,
         kept=reason is None,
         reason=reason,
+        hacked=hacked,
     )
 
 
@@ -151,8 +162,10 @@ def pack_group(
     encoding: str,
 ) -> dict[str, Any]:
     samples = [
-        _sample(b, staleness, stale)
-        for b, staleness, stale in zip(built, record.staleness, record.stale, strict=True)
+        _sample(b, staleness, stale, reward)
+        for b, staleness, stale, reward in zip(
+            built, record.staleness, record.stale, record.rewards, strict=True
+        )
     ]
     rows = [trajectory_row(t) for b in built for t in b.trajectories]
     message: dict[str, Any] = {
@@ -162,6 +175,7 @@ def pack_group(
         "task_id": record.task_id,
         "informative": record.informative,
         "stale": any(record.stale),
+        "hacked": any(record.hacked),
         "rewards": list(record.rewards),
         "policy_version": spec.policy_version,
         "labels": dict(spec.labels),
@@ -175,7 +189,9 @@ def pack_group(
     return message
 
 
-def _sample(built: RolloutTrajectories, staleness: int | None, stale: bool) -> dict[str, Any]:
+def _sample(
+    built: RolloutTrajectories, staleness: int | None, stale: bool, reward: float | None
+) -> dict[str, Any]:
     view: RolloutView = built.rollout
     versions = [v for t in built.trajectories for v in t.weight_versions]
     oldest, newest = version_range(versions)
@@ -184,7 +200,7 @@ def _sample(built: RolloutTrajectories, staleness: int | None, stale: bool) -> d
         "sample_index": view.sample_index,
         "attempt": view.attempt,
         "status": view.status.value,
-        "reward": view.reward,
+        "reward": reward,
         "verdict": view.verdict.value,
         "error": view.error,
         "n_calls": view.n_calls,
@@ -195,6 +211,7 @@ def _sample(built: RolloutTrajectories, staleness: int | None, stale: bool) -> d
         "stale": stale,
         "stale_action": (stale_mark(view.meta) or {}).get("action"),
         "relaunch_of": view.meta.get(RELAUNCH_OF),
+        "hack_flags": view.hack_flags,
         "faithfulness": built.faithfulness.share,
         "breaks": built.faithfulness.breaks,
     }

@@ -8,6 +8,7 @@
      "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 2048, ...},
      "keep": "all" | "informative", "target_groups": 64,
      "max_staleness": 1, "stale": "drop" | "flag" | "relaunch", "max_relaunches": 2,
+     "on_hack": "flag" | "zero_reward" | "drop",   # a sample the hack detectors flagged
      "concurrency": 16, "pools": {"init": 16, "run": 16, "eval": 16}, "retries": 2,
      "egress": {"mode": "none" | "allowlist" | "intercept", "allow": ["pypi.org"]},
      "capture_routed_experts": false}       # MoE routing replay (R3) with every call's tokens
@@ -51,6 +52,7 @@ _FIELDS = {
     "max_staleness",
     "stale",
     "max_relaunches",
+    "on_hack",
     "concurrency",
     "pools",
     "retries",
@@ -70,6 +72,17 @@ class SpecError(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+class OnHack(enum.StrEnum):
+    """What a group does with a sample the reward-hack detectors flagged (store/hacks.py)."""
+
+    FLAG = "flag"
+    """Deliver it as it is, its flags on the sample."""
+    ZERO_REWARD = "zero_reward"
+    """Deliver it with reward 0 (the group judged on that)."""
+    DROP = "drop"
+    """Drop its whole group (a group is compared within itself)."""
 
 
 class Keep(enum.StrEnum):
@@ -131,6 +144,7 @@ class BatchSpec:
     """`stale: "relaunch"` runs a sample again at most this often; a sample stopped once more
     is kept as it ended (cancelled, marked stale), so a trainer updating faster than a rollout
     can finish within the bound does not relaunch it for ever."""
+    on_hack: OnHack = OnHack.FLAG
     concurrency: int = 8
     pools: PoolSizes | None = None
     retries: int = 2
@@ -187,6 +201,7 @@ def parse_spec(body: Mapping[str, Any], limits: ServiceLimits) -> BatchSpec:
         max_relaunches=_count(body, "max_relaunches", 0, 100) or 0
         if body.get("max_relaunches") is not None
         else BatchSpec.max_relaunches,
+        on_hack=_enum(body, "on_hack", OnHack, OnHack.FLAG),
         concurrency=concurrency,
         pools=_pools(body.get("pools"), limits),
         retries=2 if body.get("retries") is None else _count(body, "retries", 0, 10) or 0,
@@ -389,6 +404,7 @@ def describe(spec: BatchSpec) -> dict[str, Any]:
         "max_staleness": spec.max_staleness,
         "stale": spec.stale.value,
         "max_relaunches": spec.max_relaunches,
+        "on_hack": spec.on_hack.value,
         "concurrency": spec.concurrency,
         "pools": None
         if spec.pools is None

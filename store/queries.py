@@ -7,12 +7,13 @@ directly, async code runs them with `AsyncConnection.run_sync` (aiosqlite or asy
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, bindparam, case, exists, func, null, or_, select
+from sqlalchemy import Row, Select, Text, bindparam, case, cast, exists, func, null, or_, select
 from sqlalchemy.engine import Connection, Dialect
 
 from rolltap.store import compress
@@ -139,12 +140,14 @@ def rollouts(
     min_reward: float | None = None,
     max_reward: float | None = None,
     drift: str | None = None,
+    hack: str | None = None,
     limit: int | None = None,
     offset: int = 0,
     oldest_first: bool = False,
 ) -> list[RolloutView]:
     """Rollouts matching every filter given. `drift` reads the stored analysis (a rollout is
-    analysed when it finishes): one of DRIFT_FILTERS."""
+    analysed when it finishes): one of DRIFT_FILTERS. `hack` reads the stored hack flags: one
+    of HACK_FILTERS, or a detector's name (flagged by it)."""
     query = _rollouts()
     if batch is not None:
         query = query.where(R.c.batch_id.in_([batch] if isinstance(batch, str) else batch))
@@ -163,6 +166,8 @@ def rollouts(
         query = query.where(R.c.reward <= max_reward)
     if drift is not None:
         query = query.where(_drift_clause(drift))
+    if hack is not None:
+        query = query.where(_hack_clause(hack))
     order = (R.c.created_at, R.c.id) if oldest_first else (R.c.created_at.desc(), R.c.id.desc())
     query = query.order_by(*order)
     if limit is not None:
@@ -181,6 +186,28 @@ def _drift_clause(drift: str) -> Any:
     if drift == "none":
         return exists().where(RF.c.rollout_id == R.c.id) & ~breaks
     return breaks.where(SB.c.drift == drift)
+
+
+HACK_FILTERS = ("any", "none", "unchecked")
+"""Flagged by some detector, checked and clean, never checked (else: a detector's name)."""
+
+
+def _hack_clause(hack: str) -> Any:
+    text = cast(R.c.hack_flags, Text)
+    if hack == "unchecked":
+        return R.c.hack_flags.is_(None) | (text == "null")
+    if hack == "none":
+        return text == "[]"
+    flagged = R.c.hack_flags.is_not(None) & text.not_in(["[]", "null"])
+    if hack == "any":
+        return flagged
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", hack):
+        raise ValueError(f"hack filter {hack!r}: use {', '.join(HACK_FILTERS)} or a detector name")
+    name = hack.replace("_", "\\_")
+    # The stored JSON text, as written (json.dumps) or compacted: `"detector": "name"`.
+    spaced = text.like(f'%"detector": "{name}"%', escape="\\")
+    compact = text.like(f'%"detector":"{name}"%', escape="\\")
+    return flagged & (spaced | compact)
 
 
 def analyses(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:

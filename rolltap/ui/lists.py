@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -12,12 +13,16 @@ from multidict import MultiMapping
 
 from rolltap.runner.summary import current_attempts, summarize
 from rolltap.store import RolloutStatus, RolloutView, lookup
-from rolltap.store.queries import DRIFT_FILTERS
+from rolltap.store.detectors import BUILTIN
+from rolltap.store.queries import DRIFT_FILTERS, HACK_FILTERS
 from rolltap.ui import charts
 from rolltap.ui.context import CONTEXT
 from rolltap.ui.errors import BadQuery
 
 STATUSES = tuple(s.value for s in RolloutStatus)
+HACKS = (*HACK_FILTERS, *(factory().name for factory in BUILTIN))
+"""The hack filter's choices: flagged by any detector, none, never checked, or by one."""
+_DETECTOR = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 UNBATCHED_SHOWN = 20
 """The newest rollouts in no batch that the index page lists."""
 
@@ -79,6 +84,7 @@ class Filters:
     min_reward: float | None = None
     max_reward: float | None = None
     drift: str | None = None
+    hack: str | None = None
 
     def query(self, **changes: Any) -> str:
         """This filter (with `changes`) as a query string, for links."""
@@ -104,6 +110,7 @@ async def rollouts_page(request: web.Request) -> web.Response:
         first=(page - 1) * size + 1,
         statuses=STATUSES,
         drifts=DRIFT_FILTERS,
+        hacks=HACKS,
     )
 
 
@@ -112,11 +119,13 @@ def parse_filters(query: MultiMapping[str]) -> Filters:
         value = query.get(name, "").strip()
         return value or None
 
-    status, drift = text("status"), text("drift")
+    status, drift, hack = text("status"), text("drift"), text("hack")
     if status is not None and status not in STATUSES:
         raise BadQuery(f"status {status!r}: use one of {', '.join(STATUSES)}")
     if drift is not None and drift not in DRIFT_FILTERS:
         raise BadQuery(f"drift {drift!r}: use one of {', '.join(DRIFT_FILTERS)}")
+    if hack is not None and not _DETECTOR.match(hack):
+        raise BadQuery(f"hack {hack!r}: use one of {', '.join(HACKS)}, or a detector's name")
     return Filters(
         batch=text("batch"),
         task=text("task"),
@@ -125,6 +134,7 @@ def parse_filters(query: MultiMapping[str]) -> Filters:
         min_reward=_number(query, "min_reward"),
         max_reward=_number(query, "max_reward"),
         drift=drift,
+        hack=hack,
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from rolltap.store import CallView, NotFound, RolloutView
+from rolltap.store.hacks import HackFlag, flags_of
 from rolltap.store.integrity import RolloutIntegrity
 from rolltap.store.trajectory import Trajectory
 from rolltap.ui import charts
@@ -61,6 +62,8 @@ async def rollout_page(request: web.Request) -> web.Response:
         unassembled=analysis.failure,
         replay=await ctx.store.replay_report(view.id),
         egress=await ctx.store.egress(view.id),
+        hacks=flags_of(view.hack_flags),
+        hacks_by_seq=_hacks_by_seq(view),
     )
 
 
@@ -77,7 +80,13 @@ async def call_page(request: web.Request) -> web.Response:
         strip_ = await strip(analysis.segment(span.segment), span, lo, hi, texts)
     row = _rows(analysis, [call], [exchange(call, await ctx.store.call_bodies(call.id))])[0]
     return ctx.templates.page(
-        "call.html", r=view, row=row, strip=strip_, n_calls=len(calls), has_text=texts is not None
+        "call.html",
+        r=view,
+        row=row,
+        strip=strip_,
+        n_calls=len(calls),
+        has_text=texts is not None,
+        hacks_by_seq=_hacks_by_seq(view),
     )
 
 
@@ -157,6 +166,15 @@ def _rows(analysis: Analysis, calls: list[CallView], talk: list[Exchange]) -> li
             note = "no tokens recorded"
         rows.append(CallRow(call, lanes[call.id], ex, span, opens.get(call.id), note))
     return rows
+
+
+def _hacks_by_seq(view: RolloutView) -> dict[int, list[HackFlag]]:
+    """The reward-hack flags each call raised, for the timeline and the turns."""
+    found: dict[int, list[HackFlag]] = {}
+    for flag in flags_of(view.hack_flags) or []:
+        if flag.seq is not None:
+            found.setdefault(flag.seq, []).append(flag)
+    return found
 
 
 def _issues_by_seq(integrity: RolloutIntegrity) -> dict[int, list[str]]:

@@ -250,6 +250,9 @@ async def test_a_rejected_answer_asked_again_is_answer_dropped(
     assert link.drift is not None
     assert link.drift.message_index == 2
     assert "left out and asked again" in link.drift.note
+    # Stored too: the analysis a finished rollout gets writes the break with its class.
+    stored = await store.analyze_rollout(rec.rollout_id)
+    assert stored.faithfulness.breaks == {"answer_dropped": 1}
 
 
 async def test_reminder_injection_edits_history(store: Store, smollm2: Renderer) -> None:

@@ -114,11 +114,22 @@ class StreamedCalls:
         new_reader: Callable[[], CallReader],
         *,
         stream: bool = True,
+        strip_content: bool = False,
+        space_before_calls: bool = True,
     ) -> None:
         """`stream`: send calls as they are written; else each block is read whole once it
-        closes (or the answer ends), so a malformed one, even unclosed, is content."""
+        closes (or the answer ends), so a malformed one, even unclosed, is content.
+        `strip_content`: a whole answer's content beside its calls is stripped (vLLM's
+        engine-based parsers do; AnswerParser.settle). `space_before_calls`: content that is
+        only spaces before the first call is sent (false: dropped, as those parsers do)."""
         self._open_tag, self._close_tag, self._new_reader = open_tag, close_tag, new_reader
+        self.open_tag = open_tag
         self._stream = stream
+        self.strip_content = strip_content
+        self.space_before_calls = space_before_calls
+        self._called = False
+        """A call went out: text outside blocks from here on is not content (vLLM's content is
+        what the model wrote before its first call)."""
         self._opening = TagScanner(open_tag)
         self._block: _Block | None = None
         self.calls = 0
@@ -145,14 +156,14 @@ class StreamedCalls:
         block, self._block = self._block, None
         if block is not None:
             pieces += self._close(block, "".join(block.parts) + block.close.held(), closed=False)
-        elif self._opening.held():
+        elif self._opening.held() and not self._called:
             pieces.append(self._opening.held())
         self._opening = TagScanner(self._open_tag)
         return pieces
 
     def _outside(self, text: str, pieces: list[Piece]) -> str | None:
         before, after = self._opening.feed(text)
-        if before:
+        if before and not self._called:
             pieces.append(before)
         if after is not None:
             self._block = _Block(self._new_reader(), TagScanner(self._close_tag))
@@ -183,6 +194,7 @@ class StreamedCalls:
         if not block.opened:
             block.opened = True
             pieces.append(CallPart("", new_call_id(), name))
+            self._called = True
         if more:
             block.sent.append(more)
             pieces.append(CallPart(more))
@@ -196,6 +208,7 @@ class StreamedCalls:
         if not block.opened:
             if call is not None:
                 self.calls += 1
+                self._called = True
                 return [CallPart.whole(call)]
             return [self._open_tag + body + (self._close_tag if closed else "")]
         self.calls += call is not None

@@ -16,7 +16,7 @@ from typing import Any
 from rolltap.proxy.engines import EngineKind, Prepared
 from rolltap.proxy.resume import CARRIED_OPTIONS, COMPLETIONS_PATH
 from rolltap.proxy.strip import Extras
-from rolltap.proxy.tokenin.parse import AnswerParser, CallDelta, Delta
+from rolltap.proxy.tokenin.parse import AnswerParser, CallDelta, Delta, thinking_of
 
 SGLANG_PATH = "/generate"
 
@@ -69,7 +69,8 @@ class TokenInRoute:
         asked_logprobs = self._asked_logprobs = chat.get("logprobs") is True
         self._top = int(chat.get("top_logprobs") or 0) if asked_logprobs else 0
         stream = chat.get("stream") is True
-        self._parser = AnswerParser(*self._parsing, stream=stream)
+        thinking = thinking_of(chat.get("chat_template_kwargs"))
+        self._parser = AnswerParser(*self._parsing, stream=stream, thinking=thinking)
         options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
         asked_usage = bool(options.get("include_usage")) if options else False
         extras = Extras(
@@ -111,10 +112,11 @@ class TokenInRoute:
         (its continuation read here too), so the parser keeps what it holds: a tool call the
         abort cut in two is read whole from both parts."""
         text, ids, logprobs, finish, stop, usage = self._read(doc)
-        delta = self._parser.push(text)
+        delta = self._parser.push(text, ids)
         if not (resumes and finish == "abort"):
             delta.add(self._parser.finish())
         message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
+            delta = self._parser.settle(delta)
         if delta.reasoning:
             message["reasoning"] = delta.reasoning
         if delta.tool_calls:
@@ -149,7 +151,7 @@ class TokenInRoute:
                 out["usage"] = doc["usage"]
             return out
         text, ids, logprobs, finish, stop, usage = self._read(doc)
-        delta = self._parser.push(text)
+        delta = self._parser.push(text, ids)
         if finish is not None and not (resumes and finish == "abort"):
             delta.add(self._parser.finish())
         body = self._delta(delta)

@@ -19,6 +19,7 @@ verbatim, as vLLM leaves it (a streamed call that breaks after its name went out
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import string
@@ -73,31 +74,72 @@ def _schema_types(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+_TYPE_ORDER = ("null", "integer", "number", "boolean", "object", "array", "string")
+
+
 def _typed(value: str, schema: Any) -> Any:
-    """A parameter's raw text as its schema's type; text that is not that type stays text."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
+    """A parameter's raw text as its schema's type, as vLLM coerces it
+    (vllm/tool_parsers/utils.py `coerce_to_schema_type`): the schema's types tried in the
+    order null, integer, number, boolean, object, array, string; text no type takes is
+    JSON if it is JSON, else text. A parameter the schema does not name stays text."""
+    if not isinstance(schema, dict):
+        return value
+    declared = schema.get("type", "string")
+    types = {declared} if isinstance(declared, str) else set(declared)
+    if not types:
+        types = {"string"}
+    for kind in (k for k in _TYPE_ORDER if k in types):
+        found = _as_type(value, kind)
+        if found is not _NOT:
+            return found
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return parsed if _finite(parsed) else value
+
+
+_NOT = object()
+
+
+def _as_type(value: str, kind: str) -> Any:
+    """`value` as `kind`, or _NOT."""
     if kind == "string":
         return value
-    if value.lower() == "null":
-        return None
-    if kind == "integer":
+    if kind == "null":
+        return None if value.lower() == "null" else _NOT
+    if kind in ("integer", "number"):
         try:
             return int(value)
         except ValueError:
-            return value
-    if kind == "number":
+            if kind == "integer":
+                return _NOT
         try:
             number = float(value)
         except ValueError:
-            return value
-        return int(number) if number.is_integer() and "." not in value else number
+            return _NOT
+        if not math.isfinite(number):
+            return _NOT
+        return int(number) if number.is_integer() else number
     if kind == "boolean":
-        lowered = value.lower()
-        return lowered == "true" if lowered in ("true", "false") else value
+        lowered = value.lower().strip()
+        return {"true": True, "1": True, "false": False, "0": False}.get(lowered, _NOT)
     try:
-        return json.loads(value)
+        parsed = json.loads(value)
     except ValueError:
-        return value
+        return _NOT
+    return parsed if _finite(parsed) else _NOT
+
+
+def _finite(value: Any) -> bool:
+    """No inf or nan anywhere in it (json.dumps would write Infinity, which is no JSON)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 _FUNCTION_OPEN = "<function="
@@ -139,7 +181,7 @@ class _Qwen3CoderReader:
                 text = self._head(rest, more)
             elif rest.startswith(_PARAMETER):
                 key, opened, after = rest[len(_PARAMETER) :].partition(">")
-                if opened and not key.strip():
+                if (opened and not _tag_name(key)) or _broken_name(key):
                     self._state = "stuck"
                 elif opened:
                     self._key, self._text, text = key.strip(), "", after
@@ -159,10 +201,10 @@ class _Qwen3CoderReader:
             return ""
         name, found, after = rest[len(_FUNCTION_OPEN) :].partition(">")
         if not found:
-            if len(rest) > HEAD_LIMIT:
+            if len(rest) > HEAD_LIMIT or _broken_name(name):
                 self._state = "stuck"
             return ""
-        if not name.strip():
+        if not _tag_name(name):
             self._state = "stuck"
             return ""
         self._name, self._text, self._state = name.strip(), "", "between"
@@ -191,13 +233,30 @@ class _Qwen3CoderReader:
         return _call(whole._name, dict(whole._found))
 
 
+def _broken_name(name: str) -> bool:
+    """A name in `<function=...>` or `<parameter=...>` that has run into text: the `>` that
+    ends it was never written (the call is malformed, not a key with a line break in it)."""
+    return "\n" in name.strip() or "<" in name
+
+
+def _tag_name(name: str) -> bool:
+    return bool(name.strip()) and not _broken_name(name)
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
 def _qwen3_coder(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
     types = _schema_types(tools)
-    return StreamedCalls(OPEN, CLOSE, lambda: _Qwen3CoderReader(types), stream=stream)
+    return StreamedCalls(
+        OPEN,
+        CLOSE,
+        lambda: _Qwen3CoderReader(types),
+        stream=stream,
+        strip_content=True,
+        space_before_calls=False,
+    )
 
 
 # -- hermes --------------------------------------------------------------------------------------
@@ -205,6 +264,10 @@ def _qwen3_coder(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
 _JSON_HEAD = re.compile(
     r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
 )
+
+
+_HERMES_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+"""Hermes calls need `arguments` (vLLM's parser)."""
 
 
 class _HermesReader:
@@ -221,7 +284,7 @@ class _HermesReader:
         if self._name is None:
             self._head += text
             head = self._head.lstrip()
-            match = _JSON_HEAD.match(head)
+            match = _HERMES_HEAD.match(head)
             if match is None:
                 if len(head) > HEAD_LIMIT:
                     self._arguments.broken = True
@@ -236,7 +299,19 @@ class _HermesReader:
         return self._name, "" if echo.broken or echo.done else echo.feed(text)
 
     def parse(self, body: str) -> ToolCall | str:
+        return _hermes_block(body)
+
+
+def _hermes_block(body: str) -> ToolCall | str:
+    """A block's inside as vLLM's hermes parser reads it: `arguments` is needed (a KeyError
+    there; the built-in engine's reader, engine/tools.py, also takes `parameters` or none)."""
+    try:
+        value = json.loads(body)
+    except ValueError:
         return read_block(body)
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and "arguments" not in value:
+        return "no arguments"
+    return read_block(body)
 
 
 def _hermes(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
@@ -296,26 +371,26 @@ def _outcome(read: list[ToolCall] | str) -> str:
 
 
 def _llama3_calls(text: str) -> list[ToolCall] | str:
-    """The calls, or why the text is not calls."""
+    """The calls, or why the text is not calls. As vLLM reads them: each JSON object from a
+    `{` after the one before (whatever stands between them or after the last, `;` or text, is
+    not read)."""
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
-    rest = text.strip()
-    while rest:
+    at = text.find("{")
+    while at >= 0:
         try:
-            value, end = decoder.raw_decode(rest)
+            value, end = decoder.raw_decode(text, at)
         except ValueError as e:
             return f"call {len(calls) + 1}: not JSON ({e})"
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return f"call {len(calls) + 1}: not an object with a name"
-        arguments = value.get("parameters", value.get("arguments", {}))
+        if "arguments" not in value and "parameters" not in value:
+            return f"call {len(calls) + 1}: no parameters"
+        arguments = value["arguments"] if "arguments" in value else value["parameters"]
         if not isinstance(arguments, dict):
             return f"call {len(calls) + 1}: parameters are not an object"
         calls.append(_call(value["name"], arguments))
-        rest = rest[end:].strip()
-        if rest.startswith(";"):
-            rest = rest[1:].strip()
-        elif rest:
-            return f"call {len(calls)}: text after it that is no call"
+        at = text.find("{", end)
     return calls or "no call"
 
 
@@ -401,11 +476,15 @@ class _Mistral:
 def _mistral_calls(text: str) -> list[ToolCall] | str:
     """The calls after `[TOOL_CALLS]`, or why they are not calls."""
     text = text.strip()
-    if text.startswith("["):
+    if text.startswith(("[", "{")):
         try:
-            value = json.loads(text)
+            # As vLLM reads it: the first JSON value, what follows it ignored; a bare
+            # object is one call.
+            value, _ = json.JSONDecoder().raw_decode(text)
         except ValueError as e:
-            return f"not a JSON list ({e})"
+            return f"not JSON ({e})"
+        if isinstance(value, dict):
+            value = [value]
         if not isinstance(value, list) or not value:
             return "an empty list"
         calls = []
@@ -444,9 +523,192 @@ def _mistral(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
     return _Mistral(stream)
 
 
+# -- glm45 ---------------------------------------------------------------------------------------
+
+_GLM_ARG = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_GLM_NAME_END = re.compile(r"\n|<arg_key>")
+
+
+class _GlmReader:
+    """`NAME` then `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` pairs (GLM-4.5 to 4.7),
+    values typed by the tool's schema as qwen3_coder's are. The call opens at its name; its
+    arguments go out whole when the block closes."""
+
+    def __init__(self, types: dict[str, dict[str, Any]]) -> None:
+        self._types = types
+        self._head = ""
+        self._name: str | None = None
+
+    def grow(self, text: str) -> tuple[str, str] | None:
+        if self._name is None:
+            self._head += text
+            end = _GLM_NAME_END.search(self._head.lstrip())
+            if end is None or not self._head.lstrip()[: end.start()].strip():
+                return None
+            self._name = self._head.lstrip()[: end.start()].strip()
+        return self._name, ""
+
+    def parse(self, body: str) -> ToolCall | str:
+        end = _GLM_NAME_END.search(body)
+        name = (body if end is None else body[: end.start()]).strip()
+        if not name or "<" in name:
+            return "no function name"
+        rest = "" if end is None else body[end.start() :]
+        found: dict[str, Any] = {}
+        at = 0
+        for match in _GLM_ARG.finditer(rest):
+            if rest[at : match.start()].strip():
+                return "text between its arguments"
+            key = match.group(1).strip()
+            found[key] = _typed(match.group(2), self._types.get(name, {}).get(key))
+            at = match.end()
+        if rest[at:].strip():
+            return "not <arg_key>KEY</arg_key><arg_value>VALUE</arg_value>"
+        return _call(name, found)
+
+
+def _glm45(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
+    types = _schema_types(tools)
+    return StreamedCalls(
+        OPEN,
+        CLOSE,
+        lambda: _GlmReader(types),
+        stream=stream,
+        strip_content=True,
+        space_before_calls=False,
+    )
+
+
+# -- kimi_k2, deepseek_v31: calls in a section, a header and JSON arguments each -------------------
+
+
+class _HeaderReader:
+    """`HEADER` `separator` `{JSON arguments}`: the call opens once its header is complete
+    (`name_of` reads the name from it), then its arguments stream as json.dumps writes them."""
+
+    def __init__(self, separator: str, name_of: Callable[[str], str | None]) -> None:
+        self._separator, self._name_of = separator, name_of
+        self._head = ""
+        self._name: str | None = None
+        self._arguments = JsonEcho(object_only=True)
+
+    def grow(self, text: str) -> tuple[str, str] | None:
+        if self._name is None:
+            self._head += text
+            head, found, rest = self._head.partition(self._separator)
+            if not found:
+                if len(self._head) > HEAD_LIMIT:
+                    self._arguments.broken = True
+                return None
+            name = self._name_of(head)
+            if name is None:
+                self._arguments.broken = True
+                return None
+            self._name, text = name, rest
+        echo = self._arguments
+        return self._name, "" if echo.broken or echo.done else echo.feed(text)
+
+    def parse(self, body: str) -> ToolCall | str:
+        head, found, rest = body.partition(self._separator)
+        if not found:
+            return f"no {self._separator}"
+        name = self._name_of(head)
+        if name is None:
+            return "no function name"
+        try:
+            arguments = json.loads(rest)
+        except ValueError as e:
+            return f"arguments not JSON ({e})"
+        if not isinstance(arguments, dict):
+            return "arguments are not an object"
+        return _call(name, arguments)
+
+
+class _Section:
+    """Content up to `open_tag`; from there, calls (`calls`) in a section that `close_tag`
+    ends: what stands between the calls is not content (a malformed call is, verbatim)."""
+
+    def __init__(self, open_tag: str, close_tag: str, calls: StreamedCalls) -> None:
+        self._open_tag, self._close_tag = open_tag, close_tag
+        self._content = TagScanner(open_tag)
+        self._inside = False
+        self._calls = calls
+        self.strip_content = calls.strip_content
+        self.space_before_calls = calls.space_before_calls
+
+    @property
+    def outcome(self) -> str:
+        return self._calls.outcome
+
+    def push(self, text: str) -> list[Piece]:
+        pieces: list[Piece] = []
+        if not self._inside:
+            before, after = self._content.feed(text)
+            if before:
+                pieces.append(before)
+            if after is None:
+                return pieces
+            self._inside, text = True, after
+        return pieces + self._kept(self._calls.push(text))
+
+    def finish(self) -> list[Piece]:
+        if not self._inside:
+            held = self._content.held()
+            return [held] if held else []
+        return self._kept(self._calls.finish())
+
+    def _kept(self, pieces: list[Piece]) -> list[Piece]:
+        out: list[Piece] = []
+        for piece in pieces:
+            if not isinstance(piece, str):
+                out.append(piece)
+            elif piece.startswith(self._calls.open_tag):  # a malformed call, verbatim
+                out.append(piece if self._calls.calls else self._open_tag + piece)
+        return out
+
+
+_KIMI_HEADER = re.compile(r"\s*(?:functions\.)?([^:\s]+):\d+\s*")
+
+
+def _kimi_name(header: str) -> str | None:
+    """`functions.NAME:INDEX` (Kimi's own call id) -> NAME."""
+    match = _KIMI_HEADER.fullmatch(header)
+    return None if match is None else match.group(1)
+
+
+def _kimi_k2(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
+    calls = StreamedCalls(
+        "<|tool_call_begin|>",
+        "<|tool_call_end|>",
+        lambda: _HeaderReader("<|tool_call_argument_begin|>", _kimi_name),
+        stream=stream,
+        space_before_calls=False,
+    )
+    return _Section("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", calls)
+
+
+def _v31_name(header: str) -> str | None:
+    return header.strip() or None
+
+
+def _deepseek_v31(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
+    calls = StreamedCalls(
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        lambda: _HeaderReader("<｜tool▁sep｜>", _v31_name),
+        stream=stream,
+    )
+    return _Section("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", calls)
+
+
 TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]], bool], ToolParser]] = {
     "hermes": _hermes,
     "qwen3_coder": _qwen3_coder,
+    # vLLM reads Qwen3.5/3.6's XML calls with the same parser under this name.
+    "qwen3_xml": _qwen3_coder,
     "llama3_json": _llama3_json,
     "mistral": _mistral,
+    "glm45": _glm45,
+    "kimi_k2": _kimi_k2,
+    "deepseek_v31": _deepseek_v31,
 }

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.proxy.tokenin.parse import REASONING_PARSERS
-from rolltap.proxy.tokenin.toolparsers import TOOL_PARSERS
+from rolltap.proxy.tokenin.parse import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,14 +35,14 @@ _OPTIONS = (
     ),
     click.option(
         "--tool-call-parser",
-        type=click.Choice(sorted(TOOL_PARSERS)),
+        type=click.Choice(TOOL_PARSER_NAMES),
         default="hermes",
         show_default=True,
         help="Token-in: how tool calls are read from generated text (vLLM's names).",
     ),
     click.option(
         "--reasoning-parser",
-        type=click.Choice(sorted(REASONING_PARSERS)),
+        type=click.Choice(REASONING_PARSER_NAMES),
         help="Token-in: how reasoning is read from generated text (default: none is).",
     ),
     click.option(

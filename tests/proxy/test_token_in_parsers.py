@@ -60,6 +60,35 @@ CASES = [
         [PARIS],
     ),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}', "", [PARIS]),
+    (
+        "qwen3_xml",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        "",
+        [PARIS],
+    ),
+    (
+        "glm45",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+        "",
+        [PARIS],
+    ),
+    (
+        "kimi_k2",
+        "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+        "Checking.",
+        [PARIS],
+    ),
+    (
+        "deepseek_v31",
+        "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris", "days": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        "Checking.",
+        [PARIS],
+    ),
 ]
 MALFORMED = [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'),
@@ -75,6 +104,13 @@ MALFORMED = [
         "<tool_call><function=get_weather><parameter=>x</parameter></function></tool_call>",
     ),
     ("qwen3_coder", "<tool_call><function=get_weather></function> and more</tool_call>"),
+    ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>\n</tool_call>"),
+    (
+        "kimi_k2",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": }<|tool_call_end|>',
+    ),
+    ("deepseek_v31", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"ci'),
 ]
 
 
@@ -142,7 +178,7 @@ STREAMS = [
         "hermes",
         f'On it.\n<tool_call>\n{{"name": "get_weather", "arguments": {BIG}}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>',
-        "On it.\n\n",
+        "On it.\n",
     ),
     (
         "qwen3_coder",
@@ -150,7 +186,7 @@ STREAMS = [
         "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n"
         "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
         "</function>\n</tool_call>",
-        "On it.\n\n",
+        "On it.\n",
     ),
     (
         "llama3_json",
@@ -176,12 +212,14 @@ STREAMS = [
 def test_calls_stream_as_vllm_sends_them(parser: str, text: str, content: str) -> None:
     """Pushed a character at a time: each call opens with its id and name and no arguments yet,
     then its arguments come in several fragments that add up to exactly what the whole answer
-    holds; the second call gets the next index."""
+    holds; the second call gets the next index. Content is what comes before the first call
+    (qwen3_coder's whole answer strips it, as vLLM's does)."""
     answer = AnswerParser(None, parser, TOOLS)
     chunks = [answer.push(ch) for ch in text] + [answer.finish()]
     parts = [part for chunk in chunks for part in chunk.tool_calls]
     whole = parse_whole(text, None, parser, TOOLS)
-    assert "".join(c.content for c in chunks) == whole.content == content
+    assert "".join(c.content for c in chunks) == content
+    assert whole.content == (content.strip() if parser == "qwen3_coder" else content)
     assert [(c.index, c.name) for c in whole.calls()] == [(0, "get_weather"), (1, "get_weather")]
     for call in whole.calls():
         own = [p for p in parts if p.index == call.index]
@@ -206,7 +244,9 @@ def test_calls_stream_as_vllm_sends_them(parser: str, text: str, content: str) -
             "<think>\nLet me see.\n</think>\n\nIt is 4.",
             ("\nLet me see.\n", "\n\nIt is 4."),
         ),
-        ("qwen3", "It is 4.", ("", "It is 4.")),
+        # vLLM's qwen3 starts in reasoning: the template (or the model) opened <think>.
+        ("qwen3", "It is 4.", ("It is 4.", "")),
+        ("qwen3", "<think>a</think>b</think>c", ("a", "bc")),
         # DeepSeek-R1's template opens <think> itself: the answer starts inside it.
         ("deepseek_r1", "Let me see.\n</think>\n\nIt is 4.", ("Let me see.\n", "\n\nIt is 4.")),
         ("deepseek_r1", "<think>Hm</think>4", ("Hm", "4")),
@@ -260,3 +300,11 @@ def test_json_that_cannot_be_json_stops_the_stream(text: str) -> None:
     assert echo.broken
     assert not echo.done
     assert len(written) < len(text)
+
+
+def test_qwen3_without_thinking_is_all_content() -> None:
+    """`chat_template_kwargs: {"enable_thinking": false}`: no reasoning, as vLLM's qwen3."""
+    answer = AnswerParser("qwen3", None, None, thinking=False)
+    out = answer.push("It is 4.</think>")
+    out.add(answer.finish())
+    assert (out.reasoning, out.content) == ("", "It is 4.")

@@ -150,6 +150,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                     },
                 }
             )
+            client.post_metrics(batch.id, _posted(report["iterations"][-1]), policy_version=version)
             report["probe"].append(probe(engine))
             version = new_version
         report["engine_weight_version"] = _get(f"{engine}/get_weight_version")["weight_version"]
@@ -304,6 +305,17 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
                 return
         time.sleep(0.5)
     raise SystemExit(f"rolltap serve was not ready in time:\n{log.read_text()[-3000:]}")
+
+
+def _posted(iteration: dict[str, Any]) -> dict[str, Any]:
+    """What the training view shows for the batch (rolltap ui; rolltap.runner.service.posted)."""
+    return {
+        "loss": iteration["loss"],
+        "grad_norm": iteration["grad_norm"],
+        "logprob_mismatch_max": iteration["mismatch"]["max_abs"],
+        "logprob_mismatch_mean": iteration["mismatch"]["mean_abs"],
+        "seconds": iteration["seconds"],
+    }
 
 
 def _engine_url(proxy: str, token: str) -> str:

@@ -7,11 +7,9 @@ pass@k (k = samples per task) of the current attempts; groups kept and dropped b
 in the run's order, the weights that sampled a call were behind the batch's policy version,
 over the calls an engine answered; "off policy": the share sampled with another version);
 the token-in bridge break rate (store/bridging.py); and what the trainer posted (POST
-/v1/batches/{id}/metrics): the logprob mismatch and seconds per phase. Posts about the same
-version are merged in posting order (a later value replaces an earlier one, phase by phase
-for `seconds`); over several batches of one version, phases add up, a `*_max` is the largest
-and other numbers are averaged. Without posted seconds, a version shows the service's own
-sampling time.
+/v1/batches/{id}/metrics): the logprob mismatch and seconds per phase, merged as
+rolltap/ui/posted.py says. Without posted seconds, a version shows the service's own sampling
+time.
 
 Versions are ordered as numbers when they read as numbers, else in the order batches used them.
 """
@@ -39,10 +37,16 @@ from rolltap.store.training import (
     metrics_of,
 )
 from rolltap.ui.errors import BadQuery
+from rolltap.ui.posted import (
+    MISMATCH_MAX,
+    MISMATCH_MEAN,
+    SECONDS,
+    combine,
+    merge_posts,
+    number,
+    shown,
+)
 
-MISMATCH_MAX = "logprob_mismatch_max"
-MISMATCH_MEAN = "logprob_mismatch_mean"
-SECONDS = "seconds"
 PHASE_ORDER = ("sample", "wait", "train", "update")
 """Phases drawn first, in this order; any other follows by name."""
 NO_VERSION = "-"
@@ -133,20 +137,25 @@ class VersionRow:
 
     @property
     def mismatch_max(self) -> float | None:
-        return _number(self.posted.get(MISMATCH_MAX))
+        return number(self.posted.get(MISMATCH_MAX))
 
     @property
     def mismatch_mean(self) -> float | None:
-        return _number(self.posted.get(MISMATCH_MEAN))
+        return number(self.posted.get(MISMATCH_MEAN))
 
     @property
     def dropped_total(self) -> int | None:
         return None if self.dropped is None else sum(self.dropped.values())
 
     @property
-    def other_posted(self) -> dict[str, Any]:
+    def other_posted(self) -> list[tuple[str, str, str]]:
+        """(name, the value as posted in JSON, as shown) of the other posted figures."""
         known = {MISMATCH_MAX, MISMATCH_MEAN, SECONDS}
-        return {k: v for k, v in sorted(self.posted.items()) if k not in known}
+        return [
+            (name, json.dumps(value), shown(value))
+            for name, value in sorted(self.posted.items())
+            if name not in known
+        ]
 
 
 @dataclass(frozen=True)
@@ -235,10 +244,10 @@ def _rows(
         posts[(post.policy_version, post.batch_id)].append(post)
     merged: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for (version, _), batch_posts in posts.items():
-        merged[version].append(_merge_posts(p.metrics for p in batch_posts))
+        merged[version].append(merge_posts(p.metrics for p in batch_posts))
     for version, per_batch in merged.items():
         target = row(version)
-        target.posted = _combine(per_batch)
+        target.posted = combine(per_batch)
         phases = target.posted.get(SECONDS)
         if isinstance(phases, dict) and phases:
             target.seconds = {k: float(v) for k, v in phases.items()}
@@ -326,37 +335,6 @@ def ordered_versions(seen: Iterable[str | None]) -> list[str]:
     return sorted(first, key=key)
 
 
-def _merge_posts(posts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for metrics in posts:
-        for name, value in metrics.items():
-            if name == SECONDS and isinstance(merged.get(name), dict):
-                merged[name] = {**merged[name], **value}
-            else:
-                merged[name] = value
-    return merged
-
-
-def _combine(per_batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    if len(per_batch) == 1:
-        return per_batch[0]
-    combined: dict[str, Any] = {}
-    for name in {n for m in per_batch for n in m}:
-        values = [m[name] for m in per_batch if name in m]
-        numbers = [v for v in values if _number(v) is not None]
-        if name == SECONDS:
-            phases: dict[str, float] = defaultdict(float)
-            for v in values:
-                for phase, s in v.items():
-                    phases[phase] += float(s)
-            combined[name] = dict(phases)
-        elif numbers and len(numbers) == len(values):
-            combined[name] = max(numbers) if name.endswith("_max") else sum(numbers) / len(numbers)
-        else:
-            combined[name] = values[-1]
-    return combined
-
-
 def _latest(records: Sequence[PostedMetrics]) -> dict[str, PostedMetrics]:
     latest: dict[str, PostedMetrics] = {}
     for record in records:  # oldest first
@@ -387,12 +365,6 @@ def _passed(view: RolloutView, pass_reward: float) -> bool:
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def _as_float(text: str) -> float | None:

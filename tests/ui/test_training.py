@@ -9,11 +9,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +19,16 @@ from aiohttp.test_utils import TestClient
 
 from rolltap.store import Store
 from rolltap.ui import UIContext, UISettings, make_app
-from tests.support.processes import free_port
 from tests.support.training_run import make_training_run, posted_metrics
-from tests.ui.conftest import FakeEngineTexts, browser_missing
+from tests.support.training_view import (
+    browser_errors,
+    chart_points,
+    open_session,
+    running_ui,
+    shoot,
+    shown_versions,
+)
+from tests.ui.conftest import FakeEngineTexts
 
 ClientMaker = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
 Client = TestClient[web.Request, web.Application]
@@ -126,126 +129,50 @@ async def test_a_label_picks_its_batches_and_a_bad_query_is_refused(viewer: Clie
     assert 'href="/training"' in batches
 
 
-@pytest.fixture(scope="module")
-def ui_url(training_run: tuple[str, dict[str, Any]]) -> Iterator[str]:
-    """`rolltap ui` on the run's store, as its own process."""
-    reason = browser_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    url, _ = training_run
-    port = free_port()
-    command = [sys.executable, "-m", "rolltap.cli.main", "ui", "--db", url, "--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(base, process)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def wait_for(base: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(base + "/", timeout=5):
-                return
-        except OSError:
-            assert process.poll() is None, "rolltap ui exited"
-            assert time.monotonic() < deadline, "rolltap ui did not start"
-            time.sleep(0.1)
-
-
 def test_the_training_view_in_the_browser(
-    browser: Any, ui_url: str, training_run: tuple[str, dict[str, Any]], screenshots: Path
-) -> None:
-    _, report = training_run
-    check_training_view(browser, ui_url, report, screenshots, "training")
-
-
-def check_training_view(
-    browser: Any, base: str, report: dict[str, Any], screenshots: Path, name: str
+    browser: Any, training_run: tuple[str, dict[str, Any]], screenshots: Path
 ) -> None:
     """Open the run from the batches page as a person would and compare every row's numbers
     with the report's iteration for that policy version."""
     from selenium.webdriver.common.by import By
 
-    browser.set_window_size(1400, 1000)
-    browser.get(base + "/")
-    browser.find_element(By.LINK_TEXT, "training runs →").click()
-    browser.find_element(
-        By.CSS_SELECTOR, f'a[href="/training?session={report["session"]}"]'
-    ).click()
-    rows = browser.find_elements(By.CSS_SELECTOR, "table.sampling tbody tr")
-    assert [r.get_attribute("data-version") for r in rows] == [
-        it["policy_version"] for it in report["iterations"]
-    ]
-    posted_rows = browser.find_elements(By.CSS_SELECTOR, "table.posted tbody tr")
-    for step, (row, posted_row, it) in enumerate(
-        zip(rows, posted_rows, report["iterations"], strict=True)
-    ):
-        assert posted_row.get_attribute("data-version") == it["policy_version"]
-        cells = {
-            c.get_attribute("data-metric"): c
-            for r in (row, posted_row)
-            for c in r.find_elements(By.CSS_SELECTOR, "td[data-metric]")
-        }
-        for metric, value in _expected(it, step).items():
-            shown = cells[metric].get_attribute("data-value")
-            assert float(shown) == pytest.approx(value, rel=1e-9), (it["step"], metric)
-        mismatch = it["mismatch"]["max_abs"]
-        assert cells["mismatch_max"].text == f"{mismatch:.2e}"
-        assert cells["bridge_break_rate"].text == f"{BRIDGE_BREAK_RATES[step]:.1%}"
-        phases = {
-            p.get_attribute("data-phase"): float(p.get_attribute("data-value"))
-            for p in posted_row.find_elements(By.CSS_SELECTOR, "[data-phase]")
-        }
-        assert phases == pytest.approx(it["seconds"])
-        posted = posted_row.find_element(By.CSS_SELECTOR, "td.other").text
-        assert f"loss {it['loss']}" in posted
-        assert f"grad_norm {it['grad_norm']}" in posted
-        assert it["batch_id"] in row.text
-    # Every chart is drawn, with a point or bar per version where there is a value.
-    charts = {
-        f.get_attribute("id"): f for f in browser.find_elements(By.CSS_SELECTOR, "figure.trend")
-    }
-    assert set(charts) == {
-        "chart-reward",
-        "chart-groups",
-        "chart-staleness",
-        "chart-bridge",
-        "chart-mismatch",
-        "chart-seconds",
-    }
-    versions = len(report["iterations"])
-    for chart, series in [("reward", "mean reward"), ("mismatch", "max"), ("staleness", "max")]:
-        points = charts[f"chart-{chart}"].find_elements(
-            By.CSS_SELECTOR, f'circle[data-series="{series}"]'
+    url, report = training_run
+    with running_ui(url) as base:
+        open_session(browser, base, report["session"])
+        shown = shown_versions(browser)
+        assert [v.version for v in shown] == [it["policy_version"] for it in report["iterations"]]
+        for step, (row, it) in enumerate(zip(shown, report["iterations"], strict=True)):
+            for metric, value in _expected(it, step).items():
+                assert row.number(metric) == pytest.approx(value, rel=1e-9), (step, metric)
+            assert row.texts["mismatch_max"] == f"{it['mismatch']['max_abs']:.2e}"
+            assert row.texts["bridge_break_rate"] == f"{BRIDGE_BREAK_RATES[step]:.1%}"
+            assert row.phases == pytest.approx(it["seconds"])
+            assert row.posted["loss"] == it["loss"]
+            assert row.posted["grad_norm"] == it["grad_norm"]
+            assert f"loss {it['loss']:.4g}" in row.posted_text
+            assert it["batch_id"] in row.batches
+        # Every chart is drawn, with a point or bar per version where there is a value.
+        charts = [f.get_attribute("id") for f in browser.find_elements(By.CSS_SELECTOR, "figure")]
+        assert charts == [
+            "chart-reward",
+            "chart-groups",
+            "chart-staleness",
+            "chart-bridge",
+            "chart-mismatch",
+            "chart-seconds",
+        ]
+        versions = len(report["iterations"])
+        for chart, series in [("reward", "mean reward"), ("mismatch", "max"), ("staleness", "max")]:
+            points = chart_points(browser, chart, series)
+            assert len(points) == versions, chart
+            assert all(p.is_displayed() for p in points)
+        heights = [float(p.get_attribute("cy")) for p in chart_points(browser, "mismatch", "max")]
+        values = [it["mismatch"]["max_abs"] for it in report["iterations"]]
+        # Higher on the (log) axis for a larger mismatch.
+        assert sorted(range(versions), key=lambda i: heights[i]) == sorted(
+            range(versions), key=lambda i: -values[i]
         )
-        assert len(points) == versions, chart
-        assert all(p.is_displayed() for p in points)
-    drawn = charts["chart-mismatch"].find_elements(By.CSS_SELECTOR, 'circle[data-series="max"]')
-    heights = [float(p.get_attribute("cy")) for p in drawn]
-    values = [it["mismatch"]["max_abs"] for it in report["iterations"]]
-    # Higher on the (log) axis for a larger mismatch.
-    assert sorted(range(versions), key=lambda i: heights[i]) == sorted(
-        range(versions), key=lambda i: -values[i]
-    )
-    seconds = charts["chart-seconds"].find_elements(By.CSS_SELECTOR, "rect.part")
-    assert len(seconds) == sum(len(it["seconds"]) for it in report["iterations"])
-    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-    assert errors == []
-    shoot(browser, screenshots, name)
-
-
-def shoot(browser: Any, folder: Path, name: str) -> Path:
-    height = browser.execute_script(
-        "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight"
-    )
-    browser.set_window_size(1400, min(max(height, 600), 16_000))
-    path = folder / f"{name}.png"
-    assert browser.save_screenshot(str(path)), path
-    browser.set_window_size(1400, 1000)
-    print(f"screenshot: {path}")
-    return path
+        bars = browser.find_elements(By.CSS_SELECTOR, "#chart-seconds rect.part")
+        assert len(bars) == sum(len(it["seconds"]) for it in report["iterations"])
+        assert browser_errors(browser) == []
+        shoot(browser, screenshots, "training")

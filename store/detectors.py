@@ -526,7 +526,7 @@ def _index_package(request: EgressRecord) -> str | None:
 _ADMIN_PATH = re.compile(r"/(admin(?:/|\b)|metrics\b|v1/weights\b|v1/batches\b)")
 _AT_PROXY = re.compile(
     r":43111\b|/run/rolltap/proxy|\$\{?(OPENAI_BASE_URL|OPENAI_API_BASE|ANTHROPIC_BASE_URL"
-    r"|HOSTED_VLLM_API_BASE|LLM_BASE_URL|ROLLTAP_[A-Z_]*)\b|/r/rk-"
+    r"|HOSTED_VLLM_API_BASE|LLM_BASE_URL)\b|/r/rk-"
 )
 _ADMIN_TOKEN = re.compile(r"ROLLTAP_ADMIN_TOKEN|admin[-_]token", re.IGNORECASE)
 
@@ -558,7 +558,11 @@ class ProxyAdmin:
 
 _SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PY_SLEEP = re.compile(r"time\.sleep\(\s*(\d+(?:\.\d+)?)")
-_LOOP = re.compile(r"\bwhile\s+(true|:)\s*;|\bfor\s*\(\(\s*;\s*;\s*\)\)")
+_LOOP = re.compile(
+    r"\b(while\s+(true|:)|for\s*\(\(\s*;\s*;\s*\)\))\s*;?\s*do\s+(sleep\s+[\d.]+|:|true)"
+    r"\s*;?\s*done"
+)
+"""A loop that does nothing but wait (`while true; do sleep 1; done`)."""
 FOREVER = float("inf")
 MIN_WAIT_SEC = 10.0
 """A timed-out harness whose last command waited this long or more ran out its clock."""

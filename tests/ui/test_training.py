@@ -10,6 +10,7 @@ import asyncio
 import html
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from rolltap.store import Store
+from rolltap.store import NewRollout, RolloutStatus, Store
+from rolltap.store.ids import new_id
+from rolltap.store.models import MetricsSource
+from rolltap.store.training import PostedMetrics
 from rolltap.ui import UIContext, UISettings, make_app
+from rolltap.ui.training import RunSelection, read_run
 from tests.support.training_run import make_training_run, posted_metrics
 from tests.support.training_view import (
     browser_errors,
@@ -176,3 +181,60 @@ def test_the_training_view_in_the_browser(
         assert len(bars) == sum(len(it["seconds"]) for it in report["iterations"])
         assert browser_errors(browser) == []
         shoot(browser, screenshots, "training")
+
+
+async def test_without_posted_seconds_a_version_shows_the_services_sampling_time(
+    tmp_path: Path,
+) -> None:
+    """A batch its trainer posted nothing about, and one `rolltap run` made (no service record,
+    no policy version): the first shows the service's sampling time, the second its reward."""
+    store = await Store.connect(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    try:
+        for batch_id, meta, reward in [("served", {"policy_version": "5"}, 1.0), ("ran", {}, 0.0)]:
+            made = await store.create_rollout(
+                NewRollout(batch_id=batch_id, task_id="t", sample_index=0, meta=meta)
+            )
+            await store.update_rollout(made.id, status=RolloutStatus.FINISHED, reward=reward)
+        await store.record_metrics(
+            PostedMetrics(
+                id=new_id(),
+                batch_id="served",
+                source=MetricsSource.SERVICE,
+                policy_version="5",
+                session="S1",
+                posted_at=datetime.now(UTC),
+                metrics={
+                    "status": "done",
+                    "labels": {},
+                    "samples_per_task": 1,
+                    "groups": {"complete": 1, "kept": 1, "dropped": {}},
+                    "seconds": {"sample": 12.5},
+                },
+            )
+        )
+        run = await read_run(store, RunSelection(batches=("served", "ran")), 1.0)
+    finally:
+        await store.close()
+    served, ran = run.rows
+    assert (served.version, served.seconds, served.seconds_source) == (
+        "5",
+        {"sample": 12.5},
+        "service",
+    )
+    assert (served.kept, served.dropped, served.mean_reward) == (1, {}, 1.0)
+    assert (ran.version, ran.seconds, ran.kept, ran.mean_reward) == ("-", {}, None, 0.0)
+    assert run.sessions == ["S1"]
+
+
+async def test_a_store_without_service_batches_says_how_to_make_one(
+    tmp_path: Path, aiohttp_client: ClientMaker
+) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    await (await Store.connect(url)).close()
+    store = await Store.connect(url, read_only=True)
+    try:
+        client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
+        page = await (await client.get("/training")).text()
+    finally:
+        await store.close()
+    assert "No batch in this store was run by the rollout service yet" in page

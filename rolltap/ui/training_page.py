@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -33,7 +34,7 @@ class RunCharts:
 async def training_page(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     selection = parse_selection(request.query)
-    common = {
+    common: dict[str, Any] = {
         "box": charts.plot_box(),
         "size": (charts.WIDTH, charts.HEIGHT),
         "pass_reward": ctx.settings.pass_reward,
@@ -104,7 +105,11 @@ def run_charts(run: Run) -> RunCharts:
         ),
         bridge=line_chart(
             versions,
-            {"bridge break rate": [r.bridging.bridge_break_rate if r.bridging else None for r in rows]},
+            {
+                "bridge break rate": [
+                    r.bridging.bridge_break_rate if r.bridging else None for r in rows
+                ]
+            },
             top=1.0,
             shown=lambda v: f"{v:.1%}",
         ),

@@ -140,7 +140,7 @@ def stacked_bars(
     x0, y0, x1, y1 = plot_box()
     width = (x1 - x0) / max(len(versions), 1) * 0.6
     bars: list[list[Segment]] = []
-    tops: list[tuple[float, float, float]] = []
+    tops: list[tuple[float, float, str]] = []
     for i, (x, version) in enumerate(zip(xs, versions, strict=True)):
         base = y1
         stack = []

@@ -24,6 +24,9 @@ class Backend:
     served: int = 0
     failures: int = 0
     """Consecutive failed health checks or connection failures."""
+    context: int | None = None
+    """vLLM's `max_model_len`, from its /v1/models card (forward.py spells out a completions
+    request's limit with it)."""
 
     def endpoint(self, path: str) -> str:
         return self.url + path
@@ -131,6 +134,9 @@ class BackendPool:
             for card in data if isinstance(data, list) else []:
                 if isinstance(card, dict) and isinstance(card.get("id"), str):
                     served.add(card["id"])
+                if isinstance(card, dict) and card.get("owned_by") == "vllm":
+                    length = card.get("max_model_len")
+                    backend.context = length if isinstance(length, int) else None
         return served
 
     async def run_health_checks(

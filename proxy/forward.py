@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from rolltap.proxy.backends import Backend, BackendPool
 from rolltap.proxy.engines import EngineKind, Prepared
 from rolltap.proxy.errors import UpstreamUnavailable
 from rolltap.proxy.exchange import Exchange, now
+from rolltap.proxy.resume import COMPLETIONS_PATH
 from rolltap.proxy.routing import StickyRouter
 
 log = logging.getLogger("rolltap.proxy")
@@ -55,7 +57,7 @@ async def open_upstream(
             raise UpstreamUnavailable(
                 f"no backend could take the call ({last_error})", code="backend_unavailable"
             ) from None
-        prepared = prepare(backend.kind)
+        prepared = _limited(prepare(backend.kind), backend, path)
         engine_request = orjson.dumps(prepared.body)
         headers = {
             "Content-Type": "application/json",
@@ -102,3 +104,19 @@ async def open_upstream(
         exchange.engine_request = engine_request
         backend.served += 1
         return Upstream(backend, response, prepared)
+
+
+def _limited(prepared: Prepared, backend: Backend, path: str) -> Prepared:
+    """A token-in or continuation completions request without a limit (`max_tokens: null`,
+    the chat route's default: all the context leaves) with that limit spelled out for vLLM,
+    whose completions read null as their default of 16 tokens (0.33: `CompletionRequest
+    .normalize_null_max_tokens`). rolltap's engine, whose card is not vLLM's, keeps null."""
+    body = prepared.body
+    prompt = body.get("prompt")
+    completions = (prepared.path or path) == COMPLETIONS_PATH
+    if backend.context is None or not completions or not isinstance(prompt, list):
+        return prepared
+    if "max_tokens" not in body or body["max_tokens"] is not None:
+        return prepared
+    room = max(1, backend.context - len(prompt))
+    return dataclasses.replace(prepared, body={**body, "max_tokens": room})

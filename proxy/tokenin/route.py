@@ -91,8 +91,9 @@ class TokenInRoute:
 
     def _sglang(self, chat: dict[str, Any], limit: Any, stream: bool) -> dict[str, Any]:
         sampling = {v: chat[k] for k, v in _SGLANG_SAMPLING.items() if chat.get(k) is not None}
-        if isinstance(limit, int):
-            sampling["max_new_tokens"] = limit
+        # Null, as the chat route has it without a limit: all the context leaves. Left out,
+        # /generate stops at SGLang's default of 128 tokens (SamplingParams.max_new_tokens).
+        sampling["max_new_tokens"] = limit if isinstance(limit, int) else None
         body: dict[str, Any] = {
             "input_ids": self.prompt_ids,
             "sampling_params": sampling,

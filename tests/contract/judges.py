@@ -34,7 +34,15 @@ def judge_vllm(path: str, body: Any) -> list[str]:
         kept = (getattr(request, "kv_transfer_params", None) or {}).get("prompt_token_ids")
         if sent is not None and kept != sent:
             ignored.add("kv_transfer_params.prompt_token_ids")
-        return [f"vllm {path}: ignores {key!r}" for key in sorted(ignored)]
+        problems = [f"vllm {path}: ignores {key!r}" for key in sorted(ignored)]
+        # A null a validator replaces (completions: `max_tokens` null becomes 16).
+        for key, value in body.items():
+            if value is None and getattr(request, key, None) is not None:
+                replaced = getattr(request, key)
+                problems.append(f"vllm {path}: reads {key!r}: null as {replaced!r}")
+        if path == "/v1/completions" and "max_tokens" not in body:
+            problems.append(f"vllm {path}: without 'max_tokens' stops at {request.max_tokens}")
+        return problems
     if path == "/abort_requests":
         # vllm/entrypoints/rl/online/api_router.py reads `request_ids` from a JSON object.
         if not isinstance(body, dict):
@@ -87,4 +95,10 @@ def _generate(sglang: engines.SGLang, body: dict[str, Any]) -> list[str]:
     except sglang.api_types.JsonContractError as e:
         return [f"sglang /generate: refused: {e}"]
     fields = sglang.dataclass_fields("sglang.srt.managers.io_struct", "GenerateReqInput")
-    return [f"sglang /generate: ignores {key!r}" for key in sorted(set(body) - fields)]
+    problems = [f"sglang /generate: ignores {key!r}" for key in sorted(set(body) - fields)]
+    # Left out, max_new_tokens is SamplingParams' default (128); null is the context's room.
+    sampling = body.get("sampling_params") or {}
+    if "max_new_tokens" not in sampling:
+        default = sglang.api_types.SamplingParams().max_new_tokens
+        problems.append(f"sglang /generate: without 'max_new_tokens' stops at {default}")
+    return problems

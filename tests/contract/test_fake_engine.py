@@ -145,3 +145,20 @@ async def test_the_fake_answers_generate_as_sglang_does(
         problems += [f"#{k}: meta_info has no {key!r}" for key in set(meta) - known]
         assert decoded.output_ids == doc["output_ids"]
     assert problems == [], "\n".join(problems)
+
+
+async def test_the_fake_lists_its_model_as_vllm_does(vllm: None) -> None:
+    """rolltap reads `max_model_len` from vLLM's model card (proxy/forward.py)."""
+    from vllm.entrypoints.serve.engine.protocol import ModelList
+
+    server = TestServer(FakeVLLM().app())
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(server.make_url("/v1/models")) as resp:
+                doc = await resp.json()
+    finally:
+        await server.close()
+    listed, ignored = engines.vllm_validate(ModelList, doc)
+    assert ignored == set()
+    assert [(card.owned_by, card.max_model_len) for card in listed.data] == [("vllm", 32768)]

@@ -288,8 +288,10 @@ class FakeVLLM:
         ids = self._rest_of(prompt)
         generation = self.aborts
         finish = "stop"
-        # vLLM's completions: 16 tokens when max_tokens is left out, no limit when it is null.
-        limit = body.get("max_tokens", 16)
+        # vLLM 0.33's completions: 16 tokens when max_tokens is left out or null (its
+        # `normalize_null_max_tokens`); the proxy spells out what the context leaves.
+        limit = body.get("max_tokens")
+        limit = 16 if limit is None else limit
         if limit is not None and len(ids) > int(limit):
             ids, finish = ids[: int(limit)], "length"
         header = {"id": f"cmpl-{len(self.requests)}", "created": int(time.time()), "model": MODEL}
@@ -373,7 +375,8 @@ class FakeVLLM:
         prompt = list(body["input_ids"])
         ids = self._rest_of(prompt)
         finish: dict[str, Any] = {"type": "stop", "matched": IM_END}
-        limit = sampling.get("max_new_tokens")
+        # SGLang: 128 tokens when max_new_tokens is left out, what the context leaves when null.
+        limit = sampling.get("max_new_tokens", 128)
         if limit is not None and len(ids) > int(limit):
             ids, finish = ids[: int(limit)], {"type": "length", "length": int(limit)}
         rid = f"gen-{len(self.requests)}"
@@ -423,7 +426,17 @@ class FakeVLLM:
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm"}]}
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": MODEL,
+                        "object": "model",
+                        "owned_by": "sglang" if self.sglang else "vllm",
+                        "max_model_len": 32768,
+                    }
+                ],
+            }
         )
 
     async def tokenize(self, request: web.Request) -> web.Response:

@@ -426,7 +426,9 @@ async def _hack_flags(shared: Shared, planned: Planned, status: RolloutStatus) -
         await shared.egress.flush(shared.store)
     record = await shared.store.hack_record(planned.rollout_id)
     record = replace(record, rollout=replace(record.rollout, status=status))
-    return detect(record, load_detectors() if shared.detectors is None else shared.detectors)
+    detectors = load_detectors() if shared.detectors is None else shared.detectors
+    # Off the event loop: the proxy of `rolltap run` serves other rollouts' calls on it.
+    return await asyncio.to_thread(detect, record, detectors)
 
 
 async def _record_audit(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -383,10 +384,9 @@ class Store:
         """Runs the detectors (default: `hacks.load_detectors()`) on the rollout's record now;
         `save`: store the flags as the rollout's `hack_flags` (sealed into an ended rollout's
         head)."""
-        found = hacks.detect(
-            await self.hack_record(rollout_id),
-            hacks.load_detectors() if detectors is None else detectors,
-        )
+        record = await self.hack_record(rollout_id)
+        chosen = hacks.load_detectors() if detectors is None else detectors
+        found = await asyncio.to_thread(hacks.detect, record, chosen)
         if save:
             await self.update_rollout(rollout_id, hack_flags=found)
         return found

@@ -28,7 +28,14 @@ def reader(db_url: str) -> Iterator[StoreReader]:
         yield opened
 
 
-def _rollout(reader: StoreReader, batch: str, *, broken: bool, reward: float) -> str:
+def _rollout(
+    reader: StoreReader,
+    batch: str,
+    *,
+    broken: bool,
+    reward: float | None,
+    status: str = "finished",
+) -> str:
     renderer = Renderer(smollm2_tokenizer())
     created = reader.run(reader.store.create_rollout(NewRollout(batch_id=batch, task_id="t")))
     rec = Recorder(reader.store, created.id, renderer)
@@ -38,7 +45,7 @@ def _rollout(reader: StoreReader, batch: str, *, broken: bool, reward: float) ->
     reader.run(rec.call(messages, first, rec.answer("No.")))
     messages += [{"role": "assistant", "content": "HAVING"}, {"role": "user", "content": "More."}]
     reader.run(rec.call(messages, rec.answer("HAVING!")))
-    reader.run(reader.store.update_rollout(created.id, status="finished", reward=reward))
+    reader.run(reader.store.update_rollout(created.id, status=status, reward=reward))
     return created.id
 
 
@@ -116,8 +123,7 @@ def test_the_default_export_is_what_a_trainer_takes_as_it_comes(
     (reward repeats on each) and whether it replays another; --all exports the rest too."""
     kept = _rollout(reader, "b", broken=True, reward=1.0)
     replayed = _rollout(reader, "b", broken=False, reward=1.0)
-    cancelled = _rollout(reader, "b", broken=False, reward=0.0)
-    reader.run(reader.store.update_rollout(cancelled, status="cancelled", reward=None))
+    cancelled = _rollout(reader, "b", broken=False, reward=None, status="cancelled")
     reader.run(reader.store.update_rollout(replayed, meta={"replay_of": kept}))
     pending = reader.run(reader.store.create_rollout(NewRollout(batch_id="b", task_id="t"))).id
     default, everything = tmp_path / "default.parquet", tmp_path / "all.parquet"

@@ -37,12 +37,24 @@ from rolltap.runner.rollout import RolloutResult
 from rolltap.runner.sandboxes.base import SandboxProvider
 from rolltap.runner.tasks import Task, load_tasks
 from rolltap.store import NotFound, RolloutView, Store
+from rolltap.store.hacks import AUDIT_META
 from rolltap.store.replay import REPLAY_OF, REPLAYS, REPORT_KEY, Mode, ReplayReport
 from rolltap.store.store import FINAL_STATUSES
 from rolltap.store.url import DatabaseURL
 
 _HARNESS_FROM = {"host": "host", "image": "image"}
 """meta.run.adapter.installed_from -> run_batch's harness_from (a built-in harness: auto)."""
+
+
+def _pruned(meta: dict[str, Any]) -> bool:
+    """Whether the original's git history beyond its base commit was pruned (runner/guard.py):
+    a replay shows the agent the workspace it saw. A rollout from before the prune had it all."""
+    audit = meta.get(AUDIT_META)
+    git = audit.get("git") if isinstance(audit, dict) else None
+    if isinstance(git, dict):
+        return bool(git.get("pruned"))
+    # Facts without a repository: nothing to prune. No facts: recorded before the prune existed.
+    return isinstance(audit, dict)
 
 
 def _sampling_of(original: RolloutView) -> dict[str, Any]:
@@ -141,6 +153,7 @@ async def replay_rollout(
             logs_root=logs_root,
             meta={REPLAY_OF: original.id, **_sampling_of(original)},
             replay=cassette,
+            prune_git_history=_pruned(original.meta),
             say=say,
         )
         (replayed,) = result.results

@@ -116,8 +116,8 @@ class TokenInRoute:
         delta = self._parser.push(text, ids)
         if not (resumes and finish == "abort"):
             delta.add(self._parser.finish())
-        message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
             delta = self._parser.settle(delta)
+        message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
         if delta.reasoning:
             message["reasoning"] = delta.reasoning
         if delta.tool_calls:

@@ -39,7 +39,9 @@ COMPACT = '{{"name":"get_weather","arguments":{{"city":"{city}"}}}}'
 TEMPLATED = '{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}'
 """A tool call exactly as the template renders one: copying it, the model writes answers the
 template re-renders to the same ids."""
-APPEND_ONLY = {"chat_template_kwargs": {"empty_think": False}}
+APPEND_ONLY = {"chat_template_kwargs": {"empty_think": False, "enable_thinking": False}}
+"""No empty think block in the template, and thinking said off: vLLM 0.33's qwen3 parser, which
+token-in follows, reads an answer without `</think>` as all reasoning unless thinking is off."""
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_TOOL = {
     "type": "function",

@@ -1,6 +1,6 @@
 """Per-rollout call and token budgets: reserved when a call is admitted, settled by its record.
 
-The rules (README "Budgets"):
+The rules (docs/using.md, "Budgets"):
 
 - `max_calls` counts every call the proxy did not refuse (a `rejected` call never counts). A call
   takes its place at admission, so N concurrent calls can never pass a budget of fewer.

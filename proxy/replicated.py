@@ -1,6 +1,6 @@
 """Control orders that hold on every replica: pause/resume, weight updates, the backend set.
 
-Replicas of one proxy share a PostgreSQL store (README "Scale out"). What they share through it:
+Replicas of one proxy share a PostgreSQL store (docs/scale.md). What they share through it:
 
 - Rollouts, keys and calls: any replica resolves any key and records any call. Call sequence
   numbers are taken by the store's writer under the rollout row's lock

@@ -91,7 +91,7 @@ class RolloutStatus(enum.StrEnum):
 
 
 class Verdict(enum.StrEnum):
-    """Whether the task passed, from the verifier's reward (README, Train on it)."""
+    """Whether the task passed, from the verifier's reward (docs/training.md)."""
 
     PASSED = "passed"
     """reward >= 1.0"""

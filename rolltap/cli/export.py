@@ -136,7 +136,7 @@ def export(
 _TRAINABLE = frozenset(
     {RolloutStatus.FINISHED, RolloutStatus.TIMED_OUT, RolloutStatus.BUDGET_EXCEEDED}
 )
-"""Statuses whose rollouts the verifier rewarded (README, Train on it)."""
+"""Statuses whose rollouts the verifier rewarded (docs/training.md)."""
 
 
 def _trainable(views: list[RolloutView]) -> tuple[list[RolloutView], int]:

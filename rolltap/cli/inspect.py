@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     "--json",
     "as_json",
     is_flag=True,
-    help="JSON Lines: one object per rollout or batch (see README).",
+    help="JSON Lines: one object per rollout or batch (see docs/using.md).",
 )
 def ls(
     db_url: str | None,
@@ -99,7 +99,7 @@ def ls(
     "as_json",
     is_flag=True,
     help="One JSON document: rollout, calls, integrity, bridging, faithfulness, segments "
-    "(see README).",
+    "(see docs/using.md).",
 )
 @click.option(
     "--conversation",

@@ -132,7 +132,7 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 @click.option(
     "--egress-config",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="TOML: allow, intercept_hosts, upstream_ca, [resolve] (README, Egress).",
+    help="TOML: allow, intercept_hosts, upstream_ca, [resolve] (docs/egress.md).",
 )
 @click.option(
     "--ray",
@@ -149,7 +149,7 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
     metavar="KEY=VALUE",
     help="Impose a sampling option on every engine call of the batch (repeatable): "
     "temperature, top_p, top_k, min_p, max_tokens, seed, presence_penalty, frequency_penalty, "
-    "repetition_penalty. A seed is derived per sample and call (README, Train on it).",
+    "repetition_penalty. A seed is derived per sample and call (docs/training.md).",
 )
 @click.option(
     "--keep-git-history",

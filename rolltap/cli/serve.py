@@ -146,7 +146,7 @@ from rolltap.store.url import resolve_url
     "--runner-egress-config",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="With --runner: the egress config (TOML: allow, intercept_hosts, upstream_ca, "
-    "[resolve]) for batches that ask for egress (README, Egress).",
+    "[resolve]) for batches that ask for egress (docs/egress.md).",
 )
 @click.option("-v", "--verbose", is_flag=True)
 def serve(

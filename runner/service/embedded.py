@@ -39,7 +39,7 @@ class RunnerSettings:
     installations: Mapping[str, Installation] = field(default_factory=dict)
     providers: Mapping[str, ProviderOpener] = field(default_factory=dict)
     egress: EgressSettings = field(default_factory=EgressSettings)
-    """`serve --egress-config`: what batches asking for egress get (README, Egress)."""
+    """`serve --egress-config`: what batches asking for egress get (docs/egress.md)."""
     ray_address: str | None = None
     """Run batches on this Ray cluster ("auto": the one this machine belongs to) instead of in
     this process's sandboxes (runner/cluster/)."""

@@ -149,7 +149,7 @@ class BatchSpec:
     pools: PoolSizes | None = None
     retries: int = 2
     egress: EgressMode = EgressMode.NONE
-    """README, Egress; the server's egress config supplies the rest (`--egress-config`)."""
+    """docs/egress.md; the server's egress config supplies the rest (`--egress-config`)."""
     egress_allow: tuple[str, ...] = ()
     """Host patterns added to the server's allow-list for this batch's tasks."""
     capture_routed_experts: bool = False

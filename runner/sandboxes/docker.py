@@ -45,7 +45,7 @@ import os
 import secrets
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 import docker
@@ -205,12 +205,32 @@ class DockerSandbox:
             made = await self._exec(["mkdir", "-p", self.home], user="0", timeout=60)
             if not made.ok:
                 raise SandboxExecError(f"cannot make {self.home}: {made.stderr.strip()[-300:]}")
+            await self._open_the_way_to_mounts()
         for path in paths:
             await self._provider.run(
                 chown_tree, self._provider.raw, self.container_id, path, uid, gid,
                 error=SandboxCopyError,
             )  # fmt: skip
         self._handed = (uid, gid)
+
+    async def _open_the_way_to_mounts(self) -> None:
+        """A harness installed on the host is mounted where it was installed (its scripts name
+        that path), often under root's 0700 home: the agent's user may pass through (o+x, no
+        listing) each folder above a mount, so it can run the harness, and still reads nothing
+        of root's that is not world-readable."""
+        above = sorted(
+            {
+                str(parent)
+                for m in self._spec.mounts
+                for parent in PurePosixPath(m.inside_path).parents
+            }
+            - {"/"}
+        )
+        if not above:
+            return
+        done = await self._exec(["chmod", "o+x", *above], user="0", timeout=60)
+        if not done.ok:
+            raise SandboxExecError(f"cannot open the way to the mounts: {done.stderr[-300:]}")
 
     async def exec(
         self,

@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tests.contract import engines
-from tests.support.fake_vllm import FakeVLLM, Reply, render
+from tests.support.fake_vllm import CONTEXT, FakeVLLM, Reply, render
 
 pytestmark = pytest.mark.contract
 
@@ -161,4 +161,4 @@ async def test_the_fake_lists_its_model_as_vllm_does(vllm: None) -> None:
         await server.close()
     listed, ignored = engines.vllm_validate(ModelList, doc)
     assert ignored == set()
-    assert [(card.owned_by, card.max_model_len) for card in listed.data] == [("vllm", 32768)]
+    assert [(card.owned_by, card.max_model_len) for card in listed.data] == [("vllm", CONTEXT)]

@@ -52,6 +52,9 @@ from multidict import CIMultiDict
 BOS, IM_START, IM_END = 0, 1, 2
 OFFSET = 3
 MODEL = "fake-model"
+CONTEXT = 1_048_576
+"""The context its model card claims: this fake spends a token per byte, so a harness's long
+system prompt (Codex's) must still leave room to answer."""
 
 
 def encode(text: str) -> list[int]:
@@ -433,7 +436,7 @@ class FakeVLLM:
                         "id": MODEL,
                         "object": "model",
                         "owned_by": "sglang" if self.sglang else "vllm",
-                        "max_model_len": 32768,
+                        "max_model_len": CONTEXT,
                     }
                 ],
             }
@@ -444,7 +447,7 @@ class FakeVLLM:
         if self.record_requests:
             self.requests.append((request.path, CIMultiDict(request.headers), body))
         ids = render(body["messages"], body.get("tools"), body.get("add_generation_prompt", True))
-        return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
+        return web.json_response({"count": len(ids), "max_model_len": CONTEXT, "tokens": ids})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())

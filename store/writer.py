@@ -653,19 +653,15 @@ def _chain(record: CallRecord, staged: _Staged) -> None:
 _OPEN = (RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value)
 
 
-def _sealed(conn: Connection, rollout_id: str, values: dict[str, Any]) -> dict[str, Any]:
-    """`values` with the head sealed, when the rollout ends now or has ended: its chain's end
-    (again, if calls were refused since) with its hack flags (chain.py)."""
-    queries.lock_rollout(conn, rollout_id)
-    stored = conn.execute(
-        select(rollout_table.c.status, rollout_table.c.hack_flags).where(
-            rollout_table.c.id == rollout_id
-        )
-    ).first()
-    status = values.get("status", None if stored is None else stored.status)
-    if status in _OPEN or status is None:
+def _sealed(
+    conn: Connection, rollout_id: str, values: dict[str, Any], status: str, flags: Any
+) -> dict[str, Any]:
+    """`values` with the head sealed, when the rollout ends now or has ended (`status`, `flags`:
+    what its row holds, read under its lock): its chain's end (again, if calls were refused
+    since) with its hack flags (chain.py)."""
+    if values.get("status", status) in _OPEN:
         return values
-    flags = values.get("hack_flags", stored and stored.hack_flags)
+    flags = values.get("hack_flags", flags)
     seq, end = queries.chain_end(conn, rollout_id)
     return {**values, "head_seq": seq, "head_hash": chain.sealed_head(end, flags or None)}
 
@@ -677,7 +673,7 @@ def _update_rollout(
     table = rollout_table
     queries.lock_rollout(conn, rollout_id)
     stored = conn.execute(
-        select(table.c.status, table.c.metadata).where(table.c.id == rollout_id)
+        select(table.c.status, table.c.metadata, table.c.hack_flags).where(table.c.id == rollout_id)
     ).first()
     if stored is None:
         raise NotFound(f"no rollout {rollout_id!r}")
@@ -687,6 +683,6 @@ def _update_rollout(
     if "meta" in resolved:
         resolved["metadata"] = resolved.pop("meta")
     if resolved.get("status", RolloutStatus.RUNNING.value) not in _OPEN or "hack_flags" in resolved:
-        resolved = _sealed(conn, rollout_id, resolved)
+        resolved = _sealed(conn, rollout_id, resolved, stored.status, stored.hack_flags)
     if resolved:
         conn.execute(update(table).where(table.c.id == rollout_id).values(**resolved))

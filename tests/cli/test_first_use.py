@@ -115,3 +115,26 @@ def test_the_chat_example_without_the_openai_sdk_says_what_to_install(tmp_path: 
     using_it = (ROOT / "docs" / "using.md").read_text()
     assert "`examples/chat.py`" in using_it
     assert "pip install openai" in using_it
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ("seed", "'seed': give KEY=VALUE"),
+        ("seed=x", "'seed=x': VALUE must be a number"),
+        ("logit_bias=1", "sampling option 'logit_bias' is not supported"),
+        ("temperature=-1", "'sampling' has a negative temperature"),
+    ],
+)
+def test_a_bad_sampling_option_is_one_line_and_creates_nothing(
+    tmp_path: Path, given: str, why: str
+) -> None:
+    _tasks(tmp_path / "tasks.jsonl")
+    args = ("run", "tasks.jsonl", "--harness", "oracle", "--sandbox", "local", "--db", "s.sqlite")
+    result = rolltap(tmp_path, *args, "--sampling", given)
+    assert result.returncode == 2, result.stdout
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: Invalid value for --sampling:"), last
+    assert why in last
+    assert not (tmp_path / "s.sqlite").exists()

@@ -8,8 +8,10 @@ runs the sample again as a new attempt on the new weights."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +99,11 @@ async def _mid_answer_update(service: RunningService, fake: FakeVLLM, rollouts: 
     await _update(service, "2")
 
 
-async def _sorted_calls(store: Store, rollout_id: str) -> list[Any]:
-    return sorted(await store.calls(rollout_id), key=lambda c: c.seq)
-
-
-async def test_flag_lets_the_calls_go_on_and_marks_the_rollout_and_its_sample(
+@contextlib.asynccontextmanager
+async def _three_turn_service(
     store: Store, tmp_path: Path
-) -> None:
+) -> AsyncIterator[tuple[FakeVLLM, RunningService]]:
+    """The service on version 1 in front of `_engine()`, with the three-turn scripted harness."""
     fake = _engine()
     async with (
         fake_engine(fake) as engine,
@@ -115,6 +115,17 @@ async def test_flag_lets_the_calls_go_on_and_marks_the_rollout_and_its_sample(
             weight_version="1",
         ) as service,
     ):
+        yield fake, service
+
+
+async def _sorted_calls(store: Store, rollout_id: str) -> list[Any]:
+    return sorted(await store.calls(rollout_id), key=lambda c: c.seq)
+
+
+async def test_flag_lets_the_calls_go_on_and_marks_the_rollout_and_its_sample(
+    store: Store, tmp_path: Path
+) -> None:
+    async with _three_turn_service(store, tmp_path) as (fake, service):
         batch = await service.client.submit(
             _task("go"), harness="three-turns", samples_per_task=2, max_staleness=0, stale="flag"
         )
@@ -148,17 +159,7 @@ async def test_drop_refuses_the_next_call_in_the_client_s_shape_and_drops_the_gr
 ) -> None:
     """The update commits between two calls (every harness waits after its first): each
     rollout's second call is refused before any engine sees it."""
-    fake = _engine()
-    async with (
-        fake_engine(fake) as engine,
-        running_service(
-            store,
-            engine.url,
-            logs=tmp_path / "logs",
-            scripts={"three-turns": THREE_TURNS},
-            weight_version="1",
-        ) as service,
-    ):
+    async with _three_turn_service(store, tmp_path) as (fake, service):
         batch = await service.client.submit(
             _task("wait"),
             harness="three-turns",
@@ -201,17 +202,7 @@ async def test_drop_refuses_the_next_call_in_the_client_s_shape_and_drops_the_gr
 async def test_relaunch_stops_the_attempt_and_runs_the_sample_again_on_the_new_weights(
     store: Store, tmp_path: Path
 ) -> None:
-    fake = _engine()
-    async with (
-        fake_engine(fake) as engine,
-        running_service(
-            store,
-            engine.url,
-            logs=tmp_path / "logs",
-            scripts={"three-turns": THREE_TURNS},
-            weight_version="1",
-        ) as service,
-    ):
+    async with _three_turn_service(store, tmp_path) as (fake, service):
         batch = await service.client.submit(
             _task("go"),
             harness="three-turns",
@@ -261,17 +252,7 @@ async def test_a_sample_is_relaunched_at_most_max_relaunches_times(
 ) -> None:
     """A trainer that updates faster than a rollout can finish within the bound must not
     relaunch a sample for ever: past `max_relaunches` it is kept as it ended."""
-    fake = _engine()
-    async with (
-        fake_engine(fake) as engine,
-        running_service(
-            store,
-            engine.url,
-            logs=tmp_path / "logs",
-            scripts={"three-turns": THREE_TURNS},
-            weight_version="1",
-        ) as service,
-    ):
+    async with _three_turn_service(store, tmp_path) as (fake, service):
         batch = await service.client.submit(
             _task("go"),
             harness="three-turns",

@@ -22,8 +22,8 @@ from rolltap.store import Store
 from tests.support.chats import smollm2_tokenizer
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
-from tests.support.service import running_service
-from tests.support.trainer_frameworks import TWO_TURNS, import_skyrl, stored, task
+from tests.support.service import TWO_TURNS, running_service
+from tests.support.trainer_frameworks import import_skyrl, stored, task
 
 import_skyrl()
 

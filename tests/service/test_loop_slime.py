@@ -38,8 +38,8 @@ from rolltap.loops.slime import generate_rollout
 from rolltap.store import Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
-from tests.support.service import running_service
-from tests.support.trainer_frameworks import TWO_TURNS, smollm2_model_dir, stored, task
+from tests.support.service import TWO_TURNS, running_service
+from tests.support.trainer_frameworks import smollm2_model_dir, stored, task
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ import pytest
 from rolltap.store import Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
-from tests.support.service import running_service
-from tests.support.trainer_frameworks import TWO_TURNS, smollm2_model_dir, stored, task
+from tests.support.service import TWO_TURNS, running_service
+from tests.support.trainer_frameworks import smollm2_model_dir, stored, task
 
 pytest.importorskip("verl", reason="verl is not installed (.ci/setup-trainers)")
 

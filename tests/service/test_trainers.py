@@ -12,28 +12,9 @@ from rolltap.store import Store
 from rolltap.trainers import to_skyrl, to_slime, to_verl
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
-from tests.support.service import running_service
+from tests.support.service import TWO_TURNS, running_service
 
 # Two chained turns: one trajectory of answer, observation, answer.
-TWO_TURNS = """
-python3 - <<'PY'
-import json, os, urllib.request
-
-def ask(messages):
-    body = {"model": os.environ["ROLLTAP_MODEL"], "messages": messages}
-    request = urllib.request.Request(
-        os.environ["ROLLTAP_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json",
-                 "Authorization": "Bearer " + os.environ["ROLLTAP_KEY"]})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.load(response)["choices"][0]["message"]["content"]
-
-history = [{"role": "user", "content": "first"}]
-history.append({"role": "assistant", "content": ask(history)})
-history.append({"role": "user", "content": "tool output"})
-open("answer.txt", "w").write(ask(history))
-PY
-"""
 
 
 async def _groups(store: Store, tmp_path: Path) -> list[Group]:

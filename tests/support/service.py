@@ -94,3 +94,25 @@ async def running_service(
         shutil.rmtree(socket_dir, ignore_errors=True)
         for inst in installations.values():
             shutil.rmtree(str(inst.prefix), ignore_errors=True)
+
+
+# Two chained turns: one trajectory of answer, observation, answer; answer.txt holds the last.
+TWO_TURNS = """
+python3 - <<'PY'
+import json, os, urllib.request
+
+def ask(messages):
+    body = {"model": os.environ["ROLLTAP_MODEL"], "messages": messages}
+    request = urllib.request.Request(
+        os.environ["ROLLTAP_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json",
+                 "Authorization": "Bearer " + os.environ["ROLLTAP_KEY"]})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)["choices"][0]["message"]["content"]
+
+history = [{"role": "user", "content": "first"}]
+history.append({"role": "assistant", "content": ask(history)})
+history.append({"role": "user", "content": "tool output"})
+open("answer.txt", "w").write(ask(history))
+PY
+"""

@@ -22,27 +22,6 @@ from rolltap.store import Store
 from rolltap.store.trajectory import Trajectory
 from tests.support.chats import smollm2_gguf
 
-# Two chained turns: one trajectory of answer, observation, answer; answer.txt holds the last.
-TWO_TURNS = """
-python3 - <<'PY'
-import json, os, urllib.request
-
-def ask(messages):
-    body = {"model": os.environ["ROLLTAP_MODEL"], "messages": messages}
-    request = urllib.request.Request(
-        os.environ["ROLLTAP_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json",
-                 "Authorization": "Bearer " + os.environ["ROLLTAP_KEY"]})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.load(response)["choices"][0]["message"]["content"]
-
-history = [{"role": "user", "content": "first"}]
-history.append({"role": "assistant", "content": ask(history)})
-history.append({"role": "user", "content": "tool output"})
-open("answer.txt", "w").write(ask(history))
-PY
-"""
-
 
 def task(task_id: str) -> dict[str, str]:
     """A short-answer task the two-turn script passes when the engine answers "yes", and the

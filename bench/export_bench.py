@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import rolltap.store
+from rolltap.export.export import open_writer, write_all
 from rolltap.store import (
     CallDialect,
     CallRecord,
@@ -35,7 +36,6 @@ from rolltap.store import (
     NewRollout,
     Store,
 )
-from rolltap.store.export import open_writer, write_all
 
 SYSTEM, CONTEXT, COMPLETION, VOCAB = 600, 120, 80, 49_152
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from rolltap.analysis.detectors import BUILTIN
 from rolltap.cli.main import cli
 from rolltap.examples.hacks import HONEST, labelled_set
 from rolltap.runner import run_batch
 from rolltap.runner.sandboxes.kinds import make_provider
 from rolltap.store import Store
-from rolltap.store.detectors import BUILTIN
 
 
 async def run(kind: str, db: str, logs: Path, keep: bool) -> tuple[str, dict[str, float | None]]:

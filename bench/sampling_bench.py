@@ -30,8 +30,8 @@ from aiohttp.test_utils import TestServer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rolltap.proxy.context import ProxySettings
-from rolltap.proxy.sampling import Sampling, SeedSource, cache_salt, impose
 from rolltap.proxy.server import start_proxy
+from rolltap.proxy.upstream.sampling import Sampling, SeedSource, cache_salt, impose
 from rolltap.store import NewRollout, Store
 from tests.support.fake_vllm import FakeVLLM
 

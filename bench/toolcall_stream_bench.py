@@ -3,7 +3,7 @@
     python bench/toolcall_stream_bench.py [--sizes 1 10 100] [--piece 4]
 
 A call writing a file of each size (KB of Python source with quotes, backslashes and non-ASCII)
-is pushed through the token-in answer parser (proxy/tokenin/parse.py) `--piece` characters at a
+is pushed through the token-in answer parser (chatformat/parse.py) `--piece` characters at a
 time, as an engine's stream delivers it, for each tool-call parser; the whole answer parsed at
 once is the floor. Printed: milliseconds per
 call and microseconds per KB. Linear cost shows as a flat us/KB column across sizes; the first
@@ -16,7 +16,7 @@ import argparse
 import json
 import time
 
-from rolltap.proxy.tokenin.parse import AnswerParser, parse_whole
+from rolltap.chatformat.parse import AnswerParser, parse_whole
 
 LINE = 'def f(x):  # "quoted" \\ é\n    return x * 2\n'
 

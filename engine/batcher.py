@@ -33,13 +33,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers.cache_utils import Cache
 
-from rolltap.engine.detok import TextStream
-from rolltap.engine.generation import Aborted, Failure, GenerationRequest, Sink, TokenEvent
-from rolltap.engine.kvcache import BatchCache, columns, join, keep, new_cache
-from rolltap.engine.model import LoadedModel
-from rolltap.engine.params import LogprobsMode
-from rolltap.engine.prefixcache import PrefixCache
-from rolltap.engine.sampling import RowSampler, Sample
+from .detok import TextStream
+from .generation import Aborted, Failure, GenerationRequest, Sink, TokenEvent
+from .kvcache import BatchCache, columns, join, keep, new_cache
+from .model import LoadedModel
+from .params import LogprobsMode
+from .prefixcache import PrefixCache
+from .sampling import RowSampler, Sample
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolltap.engine.generation import Aborted, RowEvent, TokenEvent
-from rolltap.engine.reasoning import ReasoningStream
-from rolltap.engine.tools import ToolCall, ToolCallStream
+from ..chatformat.reasoning import ReasoningStream
+from ..chatformat.tools import ToolCall, ToolCallStream
+from .generation import Aborted, RowEvent, TokenEvent
 
 # vLLM clamps chat logprobs here so -inf (a token top-k/top-p removed) stays valid JSON.
 LOGPROB_FLOOR = -9999.0

@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from rolltap.engine.batcher import Batcher, UpdateOutcome
-from rolltap.engine.endpoint import SLOT, json_response, read_json, ready_engine
-from rolltap.engine.errors import BadRequest
-from rolltap.engine.protocol import Fields
-from rolltap.engine.weights import copier, read_weights
+from .batcher import Batcher, UpdateOutcome
+from .endpoint import SLOT, json_response, read_json, ready_engine
+from .errors import BadRequest
+from .protocol import Fields
+from .weights import copier, read_weights
 
 
 def add_routes(app: web.Application) -> None:

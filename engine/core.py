@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from rolltap.engine.batcher import Batcher
-from rolltap.engine.chat import ChatRenderer
-from rolltap.engine.errors import BadRequest, EngineError
-from rolltap.engine.generation import Aborted, Event, Failure, GenerationRequest, RowEvent
-from rolltap.engine.model import LoadedModel
+from ..chatformat.template import ChatRenderer
+from .batcher import Batcher
+from .errors import BadRequest, EngineError
+from .generation import Aborted, Event, Failure, GenerationRequest, RowEvent
+from .model import LoadedModel
 
 
 class GenerationFailed(EngineError):

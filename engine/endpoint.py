@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolltap.engine.core import Engine
-from rolltap.engine.errors import BadRequest, NotFound, PayloadTooLarge, Unavailable
+from .core import Engine
+from .errors import BadRequest, NotFound, PayloadTooLarge, Unavailable
 
 
 @dataclass

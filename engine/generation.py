@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rolltap.engine.params import SamplingParams
+from .params import SamplingParams
 
 
 @dataclass(frozen=True)

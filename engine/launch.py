@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from rolltap.engine.errors import EngineStartError
+from .errors import EngineStartError
 
 _TAIL_CHARS = 4000
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rolltap.engine.errors import ModelLoadError
-from rolltap.engine.gguf_cache import lookup as gguf_cache_lookup
-from rolltap.engine.gguf_cache import store as gguf_cache_store
+from .errors import ModelLoadError
+from .gguf_cache import lookup as gguf_cache_lookup
+from .gguf_cache import store as gguf_cache_store
 
 if TYPE_CHECKING:
     import torch

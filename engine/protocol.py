@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rolltap.engine.errors import BadRequest
-from rolltap.engine.params import SamplingParams
+from .errors import BadRequest
+from .params import SamplingParams
 
 MAX_LOGPROBS = 20
 """vLLM's default --max-logprobs."""

@@ -10,14 +10,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolltap.engine.choices import ChatChoice, ChoiceOutput
-from rolltap.engine.core import Engine, GenerationFailed
-from rolltap.engine.endpoint import check_model, json_response, read_json, ready_engine, request_id
-from rolltap.engine.errors import BadRequest
-from rolltap.engine.generation import GenerationRequest, RowEvent, TokenEvent
-from rolltap.engine.protocol import ChatRequest, Generation, parse_chat, parse_completion
-from rolltap.engine.reasoning import ReasoningStream, prompt_opens_reasoning
-from rolltap.engine.tools import ToolCallStream
+from ..chatformat.reasoning import ReasoningStream, prompt_opens_reasoning
+from ..chatformat.tools import ToolCallStream
+from .choices import ChatChoice, ChoiceOutput
+from .core import Engine, GenerationFailed
+from .endpoint import check_model, json_response, read_json, ready_engine, request_id
+from .errors import BadRequest
+from .generation import GenerationRequest, RowEvent, TokenEvent
+from .protocol import ChatRequest, Generation, parse_chat, parse_completion
 
 
 def _generation_request(engine: Engine, g: Generation, prompt_ids: list[int]) -> GenerationRequest:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rolltap.engine.params import LogprobsMode, SamplingParams
+from .params import LogprobsMode, SamplingParams
 
 
 @dataclass(frozen=True)

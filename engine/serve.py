@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from rolltap.engine.errors import ModelLoadError
-from rolltap.engine.model import ModelSource, offline_hub, resolve_model
-from rolltap.engine.params import LogprobsMode
+from .errors import ModelLoadError
+from .model import ModelSource, offline_hub, resolve_model
+from .params import LogprobsMode
 
 if TYPE_CHECKING:
-    from rolltap.engine.batcher import Batcher
-    from rolltap.engine.core import Engine, OutputLimits
-    from rolltap.engine.model import LoadedModel
+    from .batcher import Batcher
+    from .core import Engine, OutputLimits
+    from .model import LoadedModel
 
 log = logging.getLogger("rolltap.engine")
 
@@ -71,8 +71,8 @@ def serve(config: ServeConfig) -> None:
 
 
 async def _serve(config: ServeConfig) -> None:
-    from rolltap.engine.endpoint import EngineSlot
-    from rolltap.engine.server import make_app
+    from .endpoint import EngineSlot
+    from .server import make_app
 
     source = resolve_model(config.model, config.served_model_name)
     template = _read_template(config.chat_template)
@@ -111,10 +111,10 @@ async def _serve(config: ServeConfig) -> None:
 
 
 def _build_engine(config: ServeConfig, source: ModelSource, template: str | None) -> Engine:
-    from rolltap.engine.batcher import Batcher, BatcherConfig
-    from rolltap.engine.chat import ChatRenderer
-    from rolltap.engine.core import Engine, OutputLimits
-    from rolltap.engine.model import load_model
+    from ..chatformat.template import ChatRenderer
+    from .batcher import Batcher, BatcherConfig
+    from .core import Engine, OutputLimits
+    from .model import load_model
 
     started = time.monotonic()
     lm = load_model(source, config.device, config.dtype, config.max_model_len, config.gguf_cache)
@@ -155,8 +155,8 @@ def _log_settings(lm: LoadedModel, batcher: Batcher, limits: OutputLimits) -> No
 
 def _warm_up(lm: LoadedModel, batcher: Batcher) -> None:
     """Two rows through prefill, join, decode and leave, so no client pays for first use."""
-    from rolltap.engine.generation import Aborted, Event, Failure, GenerationRequest
-    from rolltap.engine.params import SamplingParams
+    from .generation import Aborted, Event, Failure, GenerationRequest
+    from .params import SamplingParams
 
     done = threading.Event()
     failures: list[str] = []

@@ -8,18 +8,12 @@ from typing import Any
 from aiohttp import web
 
 from rolltap import __version__
-from rolltap.engine import control, routes
-from rolltap.engine.core import GenerationFailed
-from rolltap.engine.endpoint import (
-    SLOT,
-    EngineSlot,
-    check_model,
-    json_response,
-    read_json,
-    ready_engine,
-)
-from rolltap.engine.errors import BadRequest, NotFound, PayloadTooLarge, RequestError
-from rolltap.engine.protocol import Fields
+
+from . import control, routes
+from .core import GenerationFailed
+from .endpoint import SLOT, EngineSlot, check_model, json_response, read_json, ready_engine
+from .errors import BadRequest, NotFound, PayloadTooLarge, RequestError
+from .protocol import Fields
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rolltap.engine.errors import BadRequest
+from .errors import BadRequest
 
 LOAD_FORMATS = ("auto", "safetensors", "pt")
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")

@@ -195,7 +195,7 @@ def _draws(tasks: list[dict[str, Any]], n: int, rng: random.Random) -> Iterator[
 
 def _sampling(args: argparse.Namespace, step: int) -> dict[str, Any]:
     """Temperature 1, nothing else: the engine's logprobs are then the policy's. The proxy
-    derives each sample's own seed from this one (rolltap.proxy.sampling.derived_seed)."""
+    derives each sample's own seed from this one (rolltap.proxy.upstream.sampling.derived_seed)."""
     return {"temperature": 1.0, "max_tokens": args.max_tokens, "seed": args.seed * 1000 + step}
 
 

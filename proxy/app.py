@@ -10,29 +10,30 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import aiohttp
 from aiohttp import web
 
-from rolltap.proxy import admin, messages_render, replicated, responses_render, weights
-from rolltap.proxy.backends import BackendPool, parse_backend
-from rolltap.proxy.chat import chat_completions
-from rolltap.proxy.context import CONTEXT, ProxyContext, ProxySettings
-from rolltap.proxy.control_bus import bus_for
-from rolltap.proxy.errors import UpstreamUnavailable
-from rolltap.proxy.expiry import expiring
-from rolltap.proxy.gate import Gate
-from rolltap.proxy.handles import Handles
-from rolltap.proxy.intake import release_at_end
-from rolltap.proxy.messages import count_tokens, hello, messages
-from rolltap.proxy.metrics import CONTENT_TYPE, Gauge, ProxyMetrics
-from rolltap.proxy.middleware import errors
-from rolltap.proxy.model_names import ModelNames
-from rolltap.proxy.recall import Recall
-from rolltap.proxy.responses import responses
-from rolltap.proxy.rollouts import FOR_SANDBOXES, Rollouts
-from rolltap.proxy.routing import StickyRouter
-from rolltap.proxy.secret import signing_key
-from rolltap.proxy.tokenin.bridge import Bridges, LocalTemplate
-from rolltap.proxy.tokenin.config import TokenIn
-from rolltap.store import CallDialect, Store, StoreState
-from rolltap.store.hacks import HackFlag
+from ..analysis.hacks import HackFlag
+from ..store import CallDialect, Store, StoreState
+from .context import CONTEXT, ProxyContext, ProxySettings
+from .control import admin, replicated, weights
+from .control.control_bus import bus_for
+from .control.expiry import expiring
+from .control.gate import Gate
+from .dialects import messages_render, responses_render
+from .dialects.chat import chat_completions
+from .dialects.errors import UpstreamUnavailable
+from .dialects.handles import Handles
+from .dialects.messages import count_tokens, hello, messages
+from .dialects.recall import Recall
+from .dialects.responses import responses
+from .intake import release_at_end
+from .metrics import CONTENT_TYPE, Gauge, ProxyMetrics
+from .middleware import errors
+from .rollouts import FOR_SANDBOXES, Rollouts
+from .secret import signing_key
+from .tokenin.bridge import Bridges, LocalTemplate
+from .tokenin.config import TokenIn
+from .upstream.backends import BackendPool, parse_backend
+from .upstream.model_names import ModelNames
+from .upstream.routing import StickyRouter
 
 _MODELS_TTL = 10.0
 _SWEEP_EVERY = 30.0

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from rolltap.proxy.errors import Forbidden
+from .dialects.errors import Forbidden
 
 
 @dataclass(frozen=True)

@@ -9,23 +9,23 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from rolltap.proxy.backends import BackendPool
-from rolltap.proxy.control_bus import ControlBus
-from rolltap.proxy.exchange import Exchange
-from rolltap.proxy.gate import Gate
-from rolltap.proxy.metrics import ProxyMetrics
-from rolltap.proxy.model_names import ModelNames
-from rolltap.proxy.recall import Recall
-from rolltap.proxy.rollouts import Rollouts, RolloutState
-from rolltap.proxy.routing import StickyRouter
-from rolltap.proxy.tokenin.config import TokenIn
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.store import CallStatus, RolloutStatus, Store
-from rolltap.store.toolparse import kind
+from ..analysis.toolparse import kind
+from ..store import CallStatus, RolloutStatus, Store
+from .control.control_bus import ControlBus
+from .control.gate import Gate
+from .dialects.recall import Recall
+from .metrics import ProxyMetrics
+from .rollouts import Rollouts, RolloutState
+from .tokenin.config import TokenIn
+from .tokenin.options import TokenInOptions
+from .upstream.backends import BackendPool
+from .upstream.exchange import Exchange
+from .upstream.model_names import ModelNames
+from .upstream.routing import StickyRouter
 
 if TYPE_CHECKING:
     # The cassette answers calls, which take this context: imported for types only.
-    from rolltap.proxy.replay import Cassette
+    from .replay import Cassette
 
 log = logging.getLogger("rolltap.proxy")
 
@@ -56,7 +56,7 @@ class ProxySettings:
     None keeps a generated one beside the database (proxy/secret.py)."""
     rollout_expiry_seconds: float = 3600.0
     """A rollout outside any batch, unfinished, with no call for this long ends `expired`
-    (proxy/expiry.py); 0 never."""
+    (proxy/control/expiry.py); 0 never."""
     idle_rollout_seconds: float = 600.0
     """A rollout that made no call for this long leaves the proxy's memory (it is read from the
     store again on its next call; finished rollouts leave at once)."""
@@ -68,14 +68,16 @@ class ProxySettings:
     max_tokens_cap: int | None = None
     """The most tokens one call may generate: a larger or missing max_tokens is lowered to it in
     the request the engine gets, and the call is noted. Responses/Messages clients see an answer
-    cut by the cap as ended normally (proxy/translated.py). None: no cap."""
+    cut by the cap as ended normally (proxy/dialects/translated.py). None: no cap."""
     token_in: TokenInOptions = field(default_factory=TokenInOptions)
     """Token-in mode and its parsers (proxy/tokenin)."""
     cache_salt: bool = True
-    """Salt each vLLM-dialect call's prefix cache with its weight version (proxy/sampling.py);
-    off, a commit resets those engines' prefix caches instead (proxy/weights.py)."""
+    """Salt each vLLM-dialect call's prefix cache with its weight version
+    (proxy/upstream/sampling.py);
+    off, a commit resets those engines' prefix caches instead (proxy/control/weights.py)."""
     capture_routed_experts: bool = False
-    """Ask the engine for each token's routed experts (MoE routing replay; proxy/routed.py) on
+    """Ask the engine for each token's routed experts (MoE routing replay;
+    proxy/upstream/routed.py) on
     every call whose rollout does not choose (`routed_experts` in its metadata)."""
     builtin_engine: bool = False
     """The backend is the built-in engine this process started (a dense model)."""
@@ -93,7 +95,7 @@ class ProxyContext:
     recall: Recall
     """Earlier answers of each rollout, for restoring a harness's history (recall.py)."""
     bus: ControlBus
-    """Tells the other replicas on the same PostgreSQL store (proxy/replicated.py)."""
+    """Tells the other replicas on the same PostgreSQL store (proxy/control/replicated.py)."""
     tokenin: TokenIn | None = None
     """Token-in mode's parsers, bridges and default (proxy/tokenin); set by make_context."""
     replay: Cassette | None = None

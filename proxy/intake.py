@@ -9,14 +9,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolltap.proxy import routed
-from rolltap.proxy.context import CONTEXT, ProxyContext
-from rolltap.proxy.errors import BadRequest, PayloadTooLarge, ProxyError
-from rolltap.proxy.exchange import PURPOSE_HEADERS, RETRY_HEADER, Exchange, now
-from rolltap.proxy.middleware import Handler, store_unavailable
-from rolltap.proxy.rollouts import Rollouts, RolloutState
-from rolltap.store import CallDialect, CallStatus, RolloutStatus
-from rolltap.store.store import FINAL_STATUSES
+from ..store import CallDialect, CallStatus, RolloutStatus
+from ..store.store import FINAL_STATUSES
+from .context import CONTEXT, ProxyContext
+from .dialects.errors import BadRequest, PayloadTooLarge, ProxyError
+from .middleware import Handler, store_unavailable
+from .rollouts import Rollouts, RolloutState
+from .upstream import routed
+from .upstream.exchange import PURPOSE_HEADERS, RETRY_HEADER, Exchange, now
 
 
 @dataclass
@@ -128,7 +128,8 @@ async def admit(taken: Intake) -> None:
 
 
 def _routed_experts(ctx: ProxyContext, state: RolloutState, exchange: Exchange) -> None:
-    """Whether the call asks for routed experts (proxy/routed.py); refused where the engines
+    """Whether the call asks for routed experts (proxy/upstream/routed.py); refused where the
+    engines
     cannot give them."""
     chosen = state.routed_experts
     if not (ctx.settings.capture_routed_experts if chosen is None else chosen):

@@ -14,8 +14,8 @@ import prometheus_client
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from rolltap.store.bridging import break_rate
-from rolltap.store.toolparse import MALFORMED, OK
+from ..analysis.bridging import break_rate
+from ..analysis.toolparse import MALFORMED, OK
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -155,7 +155,7 @@ class ProxyMetrics:
         self.hacked = Counter(
             r,
             "rolltap_hack_flagged_rollouts_total",
-            "Finished rollouts the reward-hack detectors flagged, by detector (store/hacks.py).",
+            "Finished rollouts the reward-hack detectors flagged, by detector (analysis/hacks.py).",
             ("detector",),
         )
         self.bridge_seconds = Histogram(

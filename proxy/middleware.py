@@ -8,14 +8,14 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from rolltap.proxy.errors import (
+from ..store import DatabaseUnavailable, StoreState, StoreStatus
+from .dialects.errors import (
     BadRequest,
     NotFoundError,
     PayloadTooLarge,
     ProxyError,
     StoreUnavailable,
 )
-from rolltap.store import DatabaseUnavailable, StoreState, StoreStatus
 
 log = logging.getLogger("rolltap.proxy")
 

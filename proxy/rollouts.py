@@ -21,15 +21,15 @@ from typing import Any
 
 from aiohttp import web
 
-from rolltap.proxy.budget import Budget
-from rolltap.proxy.errors import Forbidden, Unauthorized
-from rolltap.proxy.routing import StickyRouter
-from rolltap.proxy.sampling import Sampling, rollout_sampling
-from rolltap.proxy.staleness import StaleBound, rollout_bound, stale_mark
-from rolltap.proxy.tokenin.lineage import Lineages
-from rolltap.store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
-from rolltap.store.ids import hash_key
-from rolltap.store.store import FINAL_STATUSES
+from ..store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
+from ..store.ids import hash_key
+from ..store.store import FINAL_STATUSES
+from .budget import Budget
+from .control.staleness import StaleBound, rollout_bound, stale_mark
+from .dialects.errors import Forbidden, Unauthorized
+from .tokenin.lineage import Lineages
+from .upstream.routing import StickyRouter
+from .upstream.sampling import Sampling, rollout_sampling
 
 
 @dataclass
@@ -49,7 +49,8 @@ class RolloutState:
     revoked: bool = False
     """The harness ended: every later call is refused."""
     sampling: Sampling | None = None
-    """What the rollout's batch imposes on every call, seeds included (proxy/sampling.py)."""
+    """What the rollout's batch imposes on every call, seeds included
+    (proxy/upstream/sampling.py)."""
     dispatched: int = 0
     """Engine calls of the rollout so far (the store's count when this process first saw it,
     then this process's): a call's place, from which its derived seed follows."""
@@ -60,9 +61,9 @@ class RolloutState:
     """Its conversations' recent turns, for token-in (proxy/tokenin/lineage.py)."""
     routed_experts: bool | None = None
     """The rollout's own choice to capture routed experts (`routed_experts` in its metadata;
-    proxy/routed.py); None: the proxy's default."""
+    proxy/upstream/routed.py); None: the proxy's default."""
     stale_bound: StaleBound | None = None
-    """Its batch's bound on how far behind its calls may run (proxy/staleness.py)."""
+    """Its batch's bound on how far behind its calls may run (proxy/control/staleness.py)."""
     oldest_version: str | None = None
     """The weight version of its oldest recorded answer, once one is recorded."""
     stale_marked: bool = False

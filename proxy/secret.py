@@ -25,7 +25,7 @@ from pathlib import Path
 
 import platformdirs
 
-from rolltap.store.url import DatabaseURL
+from ..store.url import DatabaseURL
 
 _CONTEXT = b"rolltap proxy handles v1\0"
 _EXPORTS = b"rolltap export signatures v1\0"

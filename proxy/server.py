@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from rolltap.proxy.app import Extension, make_app, make_context
-from rolltap.proxy.context import ProxyContext, ProxySettings
-from rolltap.store import Store
+from ..store import Store
+from .app import Extension, make_app, make_context
+from .context import ProxyContext, ProxySettings
 
 log = logging.getLogger("rolltap.proxy")
 _HANDLERS_AT_STOP = 5.0

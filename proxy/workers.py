@@ -2,7 +2,7 @@
 store writer, so capture and streaming use N cores.
 
 Every worker binds the port with SO_REUSEPORT and the kernel spreads new connections over them.
-A worker is a whole proxy; workers share what replicas share (proxy/replicated.py): on
+A worker is a whole proxy; workers share what replicas share (proxy/control/replicated.py): on
 PostgreSQL, pause and weight updates reach every worker. On SQLite they share the file (each
 commit takes its write lock in turn) but have no channel between them, so pause and weight
 updates are refused there (409): they would hold one worker in N. The sandboxes' unix socket is

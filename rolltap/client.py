@@ -40,7 +40,8 @@ import numpy.typing as npt
 import orjson
 
 from rolltap import wire
-from rolltap.loop_thread import LoopThread
+
+from .loop_thread import LoopThread
 
 __all__ = [
     "AsyncClient",
@@ -86,7 +87,7 @@ class Turn:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One token-faithful segment of a rollout (see rolltap.store.trajectory for every field)."""
+    """One token-faithful segment of a rollout (see rolltap.analysis.trajectory for every field)."""
 
     rollout_id: str
     segment: int
@@ -458,7 +459,8 @@ class AsyncClient:
     ) -> AsyncIterator[WeightUpdate]:
         """Hold engine calls for the block (none fails), then load `model_path` into the engines
         (if given) and resume under `version`. If the block raises, the update is cancelled and
-        calls resume on the old version. `mode`: drain or abort_resume (proxy/weights.py)."""
+        calls resume on the old version. `mode`: drain or abort_resume
+        (proxy/control/weights.py)."""
         update = await self.begin_weight_update(version, mode=mode, timeout=timeout, lease=lease)
         try:
             yield update

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from rolltap.store import CallStatus, CallView, RolloutStatus, RolloutView, Store, StoreError
+from .store import CallStatus, CallView, RolloutStatus, RolloutView, Store, StoreError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -65,7 +65,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from rolltap.client import Group, Sample, Trajectory
+from .client import Group, Sample, Trajectory
 
 ALL_ROLES = ("main", "side", "sibling")
 

@@ -23,10 +23,14 @@ from typing import Any
 
 import platformdirs
 
-from rolltap.proxy.replay import Cassette
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.runner.egress import BadEgressSetting, EgressGate, EgressSettings, egress_gate
-from rolltap.runner.harnesses import (
+from ..analysis.hacks import Detector, load_detectors
+from ..proxy.replay import Cassette
+from ..proxy.tokenin.options import TokenInOptions
+from ..store import RolloutStatus, Store
+from ..store.lifecycle import OPEN
+from ..store.url import DatabaseURL
+from .egress import BadEgressSetting, EgressGate, EgressSettings, egress_gate
+from .harnesses import (
     Harness,
     Installation,
     NotInstalled,
@@ -35,28 +39,17 @@ from rolltap.runner.harnesses import (
     install,
     installation,
 )
-from rolltap.runner.harnesses.base import BuiltIn
-from rolltap.runner.harnesses.images import build_context, host_ca_bundle
-from rolltap.runner.host import ProxyHost, proxy_host, token_in_meta
-from rolltap.runner.plan import Budget, plan
-from rolltap.runner.provenance import harness_metadata, task_hash
-from rolltap.runner.rollout import (
-    BatchProgress,
-    BuildsHarnessImages,
-    Pools,
-    RolloutResult,
-    Shared,
-    run_rollout,
-)
-from rolltap.runner.sandboxes.base import SandboxProvider
-from rolltap.runner.sandboxes.kinds import make_provider
-from rolltap.runner.settings import BatchSettings
-from rolltap.runner.summary import BatchSummary, current_attempts, summarize
-from rolltap.runner.tasks import Task, load_tasks
-from rolltap.store import RolloutStatus, Store
-from rolltap.store.hacks import Detector, load_detectors
-from rolltap.store.lifecycle import OPEN
-from rolltap.store.url import DatabaseURL
+from .harnesses.base import BuiltIn
+from .harnesses.images import build_context, host_ca_bundle
+from .host import ProxyHost, proxy_host, token_in_meta
+from .plan import Budget, plan
+from .provenance import harness_metadata, task_hash
+from .rollout import BatchProgress, BuildsHarnessImages, Pools, RolloutResult, Shared, run_rollout
+from .sandboxes.base import SandboxProvider
+from .sandboxes.kinds import make_provider
+from .settings import BatchSettings
+from .summary import BatchSummary, current_attempts, summarize
+from .tasks import Task, load_tasks
 
 
 @dataclass(frozen=True)
@@ -119,7 +112,7 @@ async def run_batch(
     run's egress gate (runner/egress), recorded with each rollout; `token_in`: the batch's
     rollouts in token-in mode when enabled, and the parsers of the run's own proxy;
     `prune_git_history=False` keeps each task's git history beyond its base commit (runner/
-    guard.py); `detectors`: the reward-hack detectors by name or dotted path (store/hacks.py),
+    guard.py); `detectors`: the reward-hack detectors by name or dotted path (analysis/hacks.py),
     or detectors themselves, added to the defaults (`load_detectors`)."""
     loaded = list(tasks) if not isinstance(tasks, str | Path) else load_tasks(Path(tasks))
     checkers = _detectors(detectors)

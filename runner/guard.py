@@ -1,6 +1,6 @@
 """Prevention at provisioning: what the agent must not find in its workspace is removed before
 its harness starts, and what the hack detectors need to know of the task is recorded with the
-rollout (meta["audit"], read by store/hacks.py).
+rollout (meta["audit"], read by analysis/hacks.py).
 
 A task whose workdir is in a git repository keeps only what its base commit can see: HEAD and
 the branch it is on. Other branches, tags, remotes and their refs, notes, replace refs, stashes,
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolltap.runner.sandboxes.base import Sandbox
-from rolltap.runner.sandboxes.errors import SetupFailed
-from rolltap.runner.tasks import Task
+from .sandboxes.base import Sandbox
+from .sandboxes.errors import SetupFailed
+from .tasks import Task
 
 
 class HistoryNotPruned(Exception):

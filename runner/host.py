@@ -17,12 +17,12 @@ from pathlib import Path
 
 import aiohttp
 
-from rolltap.proxy.context import ProxySettings
-from rolltap.proxy.replay import Cassette
-from rolltap.proxy.server import RunningProxy, start_proxy
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.runner.sandboxes.identity import sandbox_user
-from rolltap.store import Store
+from ..proxy.context import ProxySettings
+from ..proxy.replay import Cassette
+from ..proxy.server import RunningProxy, start_proxy
+from ..proxy.tokenin.options import TokenInOptions
+from ..store import Store
+from .sandboxes.identity import sandbox_user
 
 
 class BackendUnreachable(Exception):
@@ -86,7 +86,7 @@ async def proxy_host(
         if not urls and not needs_model:
             model = model or "none"
         elif not urls:
-            from rolltap.engine.launch import ANSWER_LIMITS, EngineProcess
+            from ..engine.launch import ANSWER_LIMITS, EngineProcess
 
             say("starting the built-in engine (loads the model once)...")
             args = (*ANSWER_LIMITS, *engine_args)

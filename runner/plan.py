@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rolltap.proxy.staleness import MARK
-from rolltap.runner.settings import BatchSettings, check_resumable
-from rolltap.runner.tasks import Task
-from rolltap.store import CreatedRollout, NewRollout, RolloutStatus, RolloutView, Store
+from ..proxy.control.staleness import MARK
+from ..store import CreatedRollout, NewRollout, RolloutStatus, RolloutView, Store
+from .settings import BatchSettings, check_resumable
+from .tasks import Task
 
 DONE = {
     RolloutStatus.SUCCEEDED,
@@ -134,7 +134,8 @@ async def relaunch(
     store: Store, planned: Planned, old: RolloutView, meta: dict[str, Any]
 ) -> Planned:
     """A fresh attempt of `planned`'s sample, with `meta`, after its attempt `old` was stopped
-    for running too far behind the policy (proxy/staleness.py); `old` is kept, pointing to it."""
+    for running too far behind the policy (proxy/control/staleness.py); `old` is kept, pointing to
+    it."""
     created = await _new_attempt(store, old, {**meta, RELAUNCH_OF: old.id})
     await supersede(store, old, created.id, old.error or "stale")
     return Planned(planned.task, planned.sample_index, created.id, created.key, old.attempt + 1)

@@ -23,9 +23,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from rolltap.runner.harnesses.base import BuiltIn, Harness
-from rolltap.runner.harnesses.install import harness_root, read_record
-from rolltap.runner.tasks import Task
+from .harnesses.base import BuiltIn, Harness
+from .harnesses.install import harness_root, read_record
+from .tasks import Task
 
 _TREE_TAG = b"rolltap.task.v1\n"
 

@@ -9,7 +9,7 @@ verifier, the store) with the same task, harness and settings as the original
 calls (rolltap.proxy.replay) instead of an engine. Its rollout is recorded like any other, in a
 batch of its own (`replay-<original>-<suffix>`), linked to the original (`meta["replay_of"]`;
 the original lists it in `meta["replays"]`), and carries the report (`meta["replay"]`,
-rolltap.store.replay).
+rolltap.audit.replay).
 
 Refused with one line (ReplayError): a rollout with no run record, a task that is gone, or one
 whose content changed since (unless `allow_task_change`). A different harness version or
@@ -27,20 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rolltap.proxy.answer import live_answer
-from rolltap.proxy.replay import VERSION, Cassette
-from rolltap.proxy.sampling import SEED_FROM
-from rolltap.runner.batch import run_batch
-from rolltap.runner.harnesses import adapter
-from rolltap.runner.provenance import harness_version, task_hash
-from rolltap.runner.rollout import RolloutResult
-from rolltap.runner.sandboxes.base import SandboxProvider
-from rolltap.runner.tasks import Task, load_tasks
-from rolltap.store import NotFound, RolloutView, Store
-from rolltap.store.hacks import AUDIT_META
-from rolltap.store.replay import REPLAY_OF, REPLAYS, REPORT_KEY, Mode, ReplayReport
-from rolltap.store.store import FINAL_STATUSES
-from rolltap.store.url import DatabaseURL
+from ..analysis.hacks import AUDIT_META
+from ..audit.replay import REPLAY_OF, REPLAYS, REPORT_KEY, Mode, ReplayReport
+from ..proxy.replay import VERSION, Cassette
+from ..proxy.upstream.answer import live_answer
+from ..proxy.upstream.sampling import SEED_FROM
+from ..store import NotFound, RolloutView, Store
+from ..store.store import FINAL_STATUSES
+from ..store.url import DatabaseURL
+from .batch import run_batch
+from .harnesses import adapter
+from .provenance import harness_version, task_hash
+from .rollout import RolloutResult
+from .sandboxes.base import SandboxProvider
+from .tasks import Task, load_tasks
 
 _HARNESS_FROM = {"host": "host", "image": "image"}
 """meta.run.adapter.installed_from -> run_batch's harness_from (a built-in harness: auto)."""

@@ -22,14 +22,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
 from rolltap import telemetry
-from rolltap.runner import provenance
-from rolltap.runner.egress import EgressGate, EgressMode, sandbox_env
-from rolltap.runner.egress.settings import BUNDLE_NAME
-from rolltap.runner.guard import HistoryNotPruned, describe, guard_workspace
-from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
-from rolltap.runner.harnesses.base import BuiltIn
-from rolltap.runner.plan import INFRA, Planned, next_attempt
-from rolltap.runner.sandboxes.base import (
+
+from ..analysis.hacks import AUDIT_META, Detector, HackFlag, detect, load_detectors
+from ..store import RolloutStatus, Store
+from . import provenance
+from .egress import EgressGate, EgressMode, sandbox_env
+from .egress.settings import BUNDLE_NAME
+from .guard import HistoryNotPruned, describe, guard_workspace
+from .harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
+from .harnesses.base import BuiltIn
+from .plan import INFRA, Planned, next_attempt
+from .sandboxes.base import (
     INSIDE_PROXY_DIR,
     EgressRoute,
     Limits,
@@ -38,12 +41,10 @@ from rolltap.runner.sandboxes.base import (
     SandboxProvider,
     SandboxSpec,
 )
-from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxError
-from rolltap.runner.sandboxes.provision import provision
-from rolltap.runner.tasks import Task
-from rolltap.runner.verify import TEST_OUTPUT, Verdict, VerifyError, verify
-from rolltap.store import RolloutStatus, Store
-from rolltap.store.hacks import AUDIT_META, Detector, HackFlag, detect, load_detectors
+from .sandboxes.errors import ImageBuildError, SandboxError
+from .sandboxes.provision import provision
+from .tasks import Task
+from .verify import TEST_OUTPUT, Verdict, VerifyError, verify
 
 log = logging.getLogger("rolltap.runner")
 
@@ -142,7 +143,7 @@ class Shared:
     """Prune git history beyond the base commit where the task allows it (runner/guard.py);
     False: `rolltap run --keep-git-history`."""
     detectors: Sequence[Detector] | None = None
-    """The reward-hack detectors every finished rollout is checked with (store/hacks.py);
+    """The reward-hack detectors every finished rollout is checked with (analysis/hacks.py);
     None: `load_detectors()`."""
 
 
@@ -420,7 +421,7 @@ async def _finish(
 
 
 async def _hack_flags(shared: Shared, planned: Planned, status: RolloutStatus) -> list[HackFlag]:
-    """What the reward-hack detectors flag in the rollout's record (store/hacks.py), read once
+    """What the reward-hack detectors flag in the rollout's record (analysis/hacks.py), read once
     all of it is stored: its calls, and its egress requests flushed."""
     if shared.egress is not None:
         await shared.egress.flush(shared.store)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rolltap.proxy.backends import parse_backend
+from ..proxy.upstream.backends import parse_backend
 
 
 class BatchSettingsChanged(Exception):

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rolltap.store import RolloutStatus, RolloutView
+from ..store import RolloutStatus, RolloutView
 
 PASS_REWARD = 1.0
 """A sample passes when its reward reaches this (binary tasks score 0 or 1)."""

@@ -97,7 +97,7 @@ class TaskEnvironment:
 @dataclass(frozen=True)
 class TaskAudit:
     """task.toml [audit] (rolltap's own table; Harbor ignores it): what the reward-hack detectors
-    should know of the task (store/detectors.py)."""
+    should know of the task (analysis/detectors.py)."""
 
     upstream: tuple[str, ...] = ()
     """Where the task's code comes from (`github.com/acme/lib`, a host, a URL): fetching it is

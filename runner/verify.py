@@ -32,9 +32,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import ExecResult, Sandbox
-from rolltap.runner.sandboxes.provision import put_script
-from rolltap.runner.tasks import Task
+from .sandboxes.base import ExecResult, Sandbox
+from .sandboxes.provision import put_script
+from .tasks import Task
 
 __all__ = [
     "Reward",

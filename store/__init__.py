@@ -1,7 +1,10 @@
 """The SQL store of rollouts, calls and their exact token ids (SQLite or PostgreSQL)."""
 
-from rolltap.store.egress import EgressRecord
-from rolltap.store.errors import (
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .egress import EgressRecord
+from .errors import (
     AmbiguousId,
     BadDatabaseURL,
     DatabaseUnavailable,
@@ -11,18 +14,9 @@ from rolltap.store.errors import (
     StoreError,
     WriterClosed,
 )
-from rolltap.store.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
-from rolltap.store.lifecycle import IllegalTransition
-from rolltap.store.models import (
-    CallDialect,
-    CallStatus,
-    Capture,
-    EgressVerdict,
-    RolloutStatus,
-    Verdict,
-)
-from rolltap.store.reader import StoreReader, open
-from rolltap.store.records import (
+from .lifecycle import IllegalTransition
+from .models import CallDialect, CallStatus, Capture, EgressVerdict, RolloutStatus, Verdict
+from .records import (
     BatchView,
     CallBodies,
     CallReceipt,
@@ -36,9 +30,39 @@ from rolltap.store.records import (
     RolloutAnalysis,
     RolloutView,
 )
-from rolltap.store.store import Store
-from rolltap.store.url import DatabaseURL, resolve_url
-from rolltap.store.writer import StoreState, StoreStatus
+from .url import DatabaseURL, resolve_url
+
+if TYPE_CHECKING:
+    from ..audit.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
+    from .reader import StoreReader, open
+    from .store import Store
+    from .writer import StoreState, StoreStatus
+
+# The facades (the async Store, the blocking reader, the audit's integrity types) are loaded on
+# first use: they build on the trajectory analysis and the audit, which themselves read
+# store.models and store.records, so loading them here would make `import rolltap.store.models`
+# (from analysis/, audit/ or a CLI command that only lists rows) pull in everything.
+_LAZY = {
+    "Issue": "..audit.integrity",
+    "IssueKind": "..audit.integrity",
+    "RefusedCall": "..audit.integrity",
+    "RolloutIntegrity": "..audit.integrity",
+    "StoreReader": ".reader",
+    "open": ".reader",
+    "Store": ".store",
+    "StoreState": ".writer",
+    "StoreStatus": ".writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AmbiguousId",

@@ -15,7 +15,7 @@ The digest says whether a record was altered, on its own; the links say whether 
 or out of place. `seq` itself is not in the digest: the chain is the order.
 
 **Hack flags.** A rollout the reward-hack detectors flagged (`rollout.hack_flags`, a non-empty
-list; store/hacks.py) seals them too, as one more link after its last call:
+list; analysis/hacks.py) seals them too, as one more link after its last call:
 
     head = SHA-256(b"rolltap.link.v1\n" || end || SHA-256(b"rolltap.flags.v1\n" || C(flags)))
 

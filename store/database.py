@@ -12,9 +12,9 @@ from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from rolltap.store.errors import DatabaseUnavailable
-from rolltap.store.outage import describe, is_outage
-from rolltap.store.url import DatabaseURL
+from .errors import DatabaseUnavailable
+from .outage import describe, is_outage
+from .url import DatabaseURL
 
 BUSY_TIMEOUT_MS = 30_000
 

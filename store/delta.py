@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rolltap.store.packing import IDS, IdArray
+from .packing import IDS, IdArray
 
 
 @dataclass(frozen=True)

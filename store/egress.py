@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection
 
-from rolltap.store.models import EgressVerdict, egress_request_table
+from .models import EgressVerdict, egress_request_table
 
 E = egress_request_table
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolltap.store.errors import StoreError
-from rolltap.store.models import RolloutStatus
+from .errors import StoreError
+from .models import RolloutStatus
 
 OPEN = frozenset({RolloutStatus.PENDING, RolloutStatus.RUNNING})
 ENDED = frozenset(

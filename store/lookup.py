@@ -8,10 +8,10 @@ from typing import Literal
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from rolltap.store.errors import AmbiguousId, NotFound
-from rolltap.store.models import call_table, rollout_table
-from rolltap.store.queries import _rollout_view, _rollouts
-from rolltap.store.records import RolloutView
+from .errors import AmbiguousId, NotFound
+from .models import call_table, rollout_table
+from .queries import _rollout_view, _rollouts
+from .records import RolloutView
 
 Kind = Literal["rollout", "batch", "call"]
 

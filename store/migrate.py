@@ -13,9 +13,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 import rolltap.migrations
-from rolltap.store.database import Database
-from rolltap.store.errors import StoreError
-from rolltap.store.models import Base
+
+from .database import Database
+from .errors import StoreError
+from .models import Base
 
 
 class SchemaOutOfDate(StoreError):

@@ -171,7 +171,7 @@ class Rollout(Base):
     head_seq: Mapped[int | None] = mapped_column(Integer)
     """That call's seq (0: the rollout ended without calls)."""
     hack_flags: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
-    """What the reward-hack detectors flagged (store/hacks.py): None when never checked, [] when
+    """What the reward-hack detectors flagged (analysis/hacks.py): None when never checked, [] when
     checked and clean. Non-empty flags are sealed into `head_hash` (chain.py)."""
 
     __table_args__ = (
@@ -221,7 +221,7 @@ class Call(Base):
     None: a call in normal mode."""
     tool_parse: Mapped[str | None] = mapped_column(String(200))
     """Whether the answer's tool calls parsed, where rolltap (token-in) or its built-in engine
-    parsed them: `ok`, `malformed: <reason>` or `none` (store/toolparse.py). None: nothing
+    parsed them: `ok`, `malformed: <reason>` or `none` (analysis/toolparse.py). None: nothing
     said (vLLM's and SGLang's own parsers, a call without tools)."""
     """The call whose answer this one continues: its engine aborted it for a weight update and
     the proxy sent the prompt plus the partial answer back, token-in, on the new weights."""
@@ -298,7 +298,7 @@ class RoutedExperts(Base):
     """The choice."""
     rollout_id: Mapped[str] = mapped_column(ForeignKey("rollout.id", ondelete="CASCADE"))
     source: Mapped[str] = mapped_column(String(16))
-    """The engine's encoding it was read from: vllm or sglang (proxy/routed.py)."""
+    """The engine's encoding it was read from: vllm or sglang (proxy/upstream/routed.py)."""
     dtype: Mapped[str] = mapped_column(String(8))
     """uint8, uint16 or int32: the narrowest that holds every expert id."""
     shape: Mapped[list[int]] = mapped_column(JSON)
@@ -348,7 +348,7 @@ class DriftClass(enum.StrEnum):
     """The harness dropped, inserted or changed messages (compaction, reminders, truncation)."""
     ANSWER_DROPPED = "answer_dropped"
     """The harness asked again without the answer it got (it rejected it: a format error, no
-    tool call): the name token-in mode gives the same event (store/bridging.py)."""
+    tool call): the name token-in mode gives the same event (analysis/bridging.py)."""
     TEMPLATE_GLUE = "template_glue"
     """The template rendered the same messages differently: separators, whitespace, specials."""
     TEXT_ONLY = "text_only"

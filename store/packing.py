@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rolltap.store.errors import InvalidTokens
+from .errors import InvalidTokens
 
 IDS = np.dtype("<i4")
 LOGPROBS = np.dtype("<f4")

@@ -16,12 +16,13 @@ from typing import Any
 from sqlalchemy import Row, Select, Text, bindparam, case, cast, exists, func, null, or_, select
 from sqlalchemy.engine import Connection, Dialect
 
-from rolltap.store import compress
-from rolltap.store.bridging import Bridging
-from rolltap.store.chain import GENESIS_HEX, prev_of
-from rolltap.store.delta import KnownCall, StoredPrompt, rebuild_prompts
-from rolltap.store.errors import NotFound
-from rolltap.store.models import (
+from ..analysis.bridging import Bridging
+from ..analysis.toolparse import ToolParsing
+from . import compress
+from .chain import GENESIS_HEX, prev_of
+from .delta import KnownCall, StoredPrompt, rebuild_prompts
+from .errors import NotFound
+from .models import (
     CallDialect,
     CallStatus,
     Capture,
@@ -36,8 +37,8 @@ from rolltap.store.models import (
     rollout_table,
     segment_break_table,
 )
-from rolltap.store.packing import IdArray, unpack_ids, unpack_logprobs
-from rolltap.store.records import (
+from .packing import IdArray, unpack_ids, unpack_logprobs
+from .records import (
     BatchView,
     CallBodies,
     CallReceipt,
@@ -48,7 +49,6 @@ from rolltap.store.records import (
     RolloutView,
     StoredTurn,
 )
-from rolltap.store.toolparse import ToolParsing
 
 R = rollout_table
 C = call_table

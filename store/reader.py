@@ -11,22 +11,16 @@ from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from rolltap.loop_thread import LoopThread
-from rolltap.store.drift import Detokenizer
-from rolltap.store.egress import EgressRecord
-from rolltap.store.integrity import RolloutIntegrity
-from rolltap.store.lookup import Kind, resolve_id
-from rolltap.store.records import (
-    BatchView,
-    CallBodies,
-    CallTokens,
-    CallView,
-    RolloutAnalysis,
-    RolloutView,
-)
-from rolltap.store.replay import ReplayReport
-from rolltap.store.store import Store
-from rolltap.store.trajectory import CHUNK, RolloutTrajectories, Trajectory
-from rolltap.store.url import DatabaseURL
+
+from ..analysis.drift import Detokenizer
+from ..analysis.trajectory import CHUNK, RolloutTrajectories, Trajectory
+from ..audit.integrity import RolloutIntegrity
+from ..audit.replay import ReplayReport
+from .egress import EgressRecord
+from .lookup import Kind, resolve_id
+from .records import BatchView, CallBodies, CallTokens, CallView, RolloutAnalysis, RolloutView
+from .store import Store
+from .url import DatabaseURL
 
 T = TypeVar("T")
 
@@ -126,11 +120,11 @@ class StoreReader:
         return self.run(self._store.call_bodies(call_id))
 
     def replay_report(self, rollout_id: str) -> ReplayReport | None:
-        """A replay's report, or an original's latest replay's (store/replay.py)."""
+        """A replay's report, or an original's latest replay's (audit/replay.py)."""
         return self.run(self._store.replay_report(rollout_id))
 
     def verify_rollout(self, rollout_id: str) -> RolloutIntegrity:
-        """The rollout's record checked against its hash chain (store/integrity.py)."""
+        """The rollout's record checked against its hash chain (audit/integrity.py)."""
         return self.run(self._store.verify_rollout(rollout_id))
 
     def trajectories(

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rolltap.store.models import CallDialect, CallStatus, Capture, RolloutStatus, Verdict
-from rolltap.store.packing import IdArray, LogprobArray, RoutingArray
+from .models import CallDialect, CallStatus, Capture, RolloutStatus, Verdict
+from .packing import IdArray, LogprobArray, RoutingArray
 
 # --- written -------------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ class CallRecord:
     """Token-in mode: `bridged`, or the reason code of a fallback; None in normal mode."""
     tool_parse: str | None = None
     """Whether the answer's tool calls parsed, where rolltap or its engine parsed them: `ok`,
-    `malformed: <reason>` or `none` (store/toolparse.py); None where nothing said."""
+    `malformed: <reason>` or `none` (analysis/toolparse.py); None where nothing said."""
     lineage: LineageMark | None = None
     """Token-in mode: what lets another proxy process continue this call's conversation."""
     prompt_ids: IdArray | None = None
@@ -102,7 +102,7 @@ class CallRecord:
     """Choice index -> the experts each token of its prompt and answer was routed to, as the
     engine sent them, packed (rows: tokens - 1; store/routed.py)."""
     routed_source: str | None = None
-    """The engine encoding they were read from: vllm or sglang (proxy/routed.py)."""
+    """The engine encoding they were read from: vllm or sglang (proxy/upstream/routed.py)."""
     request_body: bytes | None = None
     engine_request: bytes | None = None
     response_body: bytes | None = None
@@ -149,7 +149,7 @@ class RolloutView:
     key_revoked_at: datetime | None = None
     """Set when the harness ended: the proxy refuses the key's calls from then on."""
     hack_flags: list[dict[str, Any]] | None = None
-    """What the reward-hack detectors flagged (store/hacks.py): None when never checked."""
+    """What the reward-hack detectors flagged (analysis/hacks.py): None when never checked."""
 
     @property
     def verdict(self) -> Verdict:

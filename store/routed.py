@@ -2,7 +2,8 @@
 
 A call choice's routed experts are one array of expert ids, row i for token i of its prompt
 followed by its answer: tokens - 1 rows (the last sampled token was never forwarded), each
-layers x top-k (vLLM) or layers * top-k flat (SGLang sends no split; proxy/routed.py). It is kept
+layers x top-k (vLLM) or layers * top-k flat (SGLang sends no split; proxy/upstream/routed.py). It
+is kept
 packed (uint8, uint16, or int32 when ids do not fit), C-order little-endian, in table
 `routed_experts` with its dtype and shape.
 
@@ -30,8 +31,8 @@ from sqlalchemy import Select, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from rolltap.store.models import routed_experts_table
-from rolltap.store.packing import RoutingArray
+from .models import routed_experts_table
+from .packing import RoutingArray
 
 RE = routed_experts_table
 DTYPES = ("uint8", "uint16", "int32")

@@ -10,26 +10,21 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import (
-    egress,
-    hacks,
-    integrity,
-    lifecycle,
-    migrate,
-    queries,
-    routed,
-    training,
-    trajectory,
-)
-from rolltap.store.analysis import AnalysisThread
-from rolltap.store.bridging import Bridging
-from rolltap.store.database import Database, open_database, unavailable
-from rolltap.store.drift import Detokenizer
-from rolltap.store.errors import InvalidTokens, NotFound, ReadOnly
-from rolltap.store.ids import hash_key, new_id, new_key
-from rolltap.store.models import RolloutStatus
-from rolltap.store.packing import RoutingArray, as_ids, as_logprobs
-from rolltap.store.records import (
+from ..analysis import hacks, trajectory
+from ..analysis.bridging import Bridging
+from ..analysis.drift import Detokenizer
+from ..analysis.thread import AnalysisThread
+from ..analysis.toolparse import ToolParsing
+from ..analysis.trajectory import RolloutTrajectories, Trajectory
+from ..audit import integrity
+from ..audit.replay import REPLAYS, ReplayReport, report_of
+from . import egress, lifecycle, migrate, queries, routed, training
+from .database import Database, open_database, unavailable
+from .errors import InvalidTokens, NotFound, ReadOnly
+from .ids import hash_key, new_id, new_key
+from .models import RolloutStatus
+from .packing import RoutingArray, as_ids, as_logprobs
+from .records import (
     BatchView,
     CallBodies,
     CallReceipt,
@@ -43,18 +38,8 @@ from rolltap.store.records import (
     RolloutView,
     StoredTurn,
 )
-from rolltap.store.replay import REPLAYS, ReplayReport, report_of
-from rolltap.store.toolparse import ToolParsing
-from rolltap.store.trajectory import RolloutTrajectories, Trajectory
-from rolltap.store.url import DatabaseURL, resolve_url
-from rolltap.store.writer import (
-    AppendCall,
-    Apply,
-    CreateRollout,
-    GroupCommitWriter,
-    StoreStatus,
-    UpdateRollout,
-)
+from .url import DatabaseURL, resolve_url
+from .writer import AppendCall, Apply, CreateRollout, GroupCommitWriter, StoreStatus, UpdateRollout
 
 FINAL_STATUSES = lifecycle.ENDED
 """The statuses of a rollout that has ended (store/lifecycle.py)."""
@@ -357,7 +342,7 @@ class Store:
         return await self.db.read(queries.latest_call_with_body, rollout_id, body_hash)
 
     async def replay_report(self, rollout_id: str) -> ReplayReport | None:
-        """The report of a replay rollout, or of an original's latest replay (store/replay.py);
+        """The report of a replay rollout, or of an original's latest replay (audit/replay.py);
         None when it has none (yet)."""
         view = await self.rollout(rollout_id)
         report = report_of(view.meta)
@@ -371,7 +356,7 @@ class Store:
 
     async def hack_record(self, rollout_id: str) -> hacks.RolloutRecord:
         """What the reward-hack detectors read of a rollout: its calls with their bodies, its
-        egress requests, its meta (store/hacks.py)."""
+        egress requests, its meta (analysis/hacks.py)."""
         return await self.db.read(hacks.load_record, rollout_id)
 
     async def check_hacks(
@@ -392,10 +377,10 @@ class Store:
         return found
 
     async def verify_rollout(self, rollout_id: str) -> integrity.RolloutIntegrity:
-        """Recompute a rollout's hash chain from what the store holds (store/integrity.py)."""
+        """Recompute a rollout's hash chain from what the store holds (audit/integrity.py)."""
         return await self.db.read(integrity.verify_rollout, rollout_id)
 
-    # --- trajectories (see rolltap.store.trajectory) -----------------------------------------
+    # --- trajectories (see rolltap.analysis.trajectory) -----------------------------------------
 
     async def rollout_trajectories(
         self, rollout_id: str, *, detokenizer: Detokenizer | None = None

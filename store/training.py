@@ -13,13 +13,8 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
-from rolltap.store.bridging import Bridging
-from rolltap.store.models import (
-    MetricsSource,
-    batch_metrics_table,
-    call_table,
-    rollout_table,
-)
+from ..analysis.bridging import Bridging
+from .models import MetricsSource, batch_metrics_table, call_table, rollout_table
 
 M = batch_metrics_table
 C = call_table

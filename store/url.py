@@ -9,7 +9,7 @@ import platformdirs
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from rolltap.store.errors import BadDatabaseURL
+from .errors import BadDatabaseURL
 
 _SUPPORTED = "sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql+asyncpg://USER@HOST/DB"
 

@@ -30,13 +30,13 @@ from sqlalchemy import Table, insert, select, update
 from sqlalchemy.engine import Connection, Dialect
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
-from rolltap.store import chain, compress, lifecycle, queries, routed
-from rolltap.store.checkpoint import WalCheckpointer
-from rolltap.store.database import BUSY_TIMEOUT_MS, Database
-from rolltap.store.delta import KnownCall, RecentCalls, choose_parent
-from rolltap.store.errors import DatabaseUnavailable, NotFound, WriterClosed
-from rolltap.store.ids import hash_key, new_id
-from rolltap.store.models import (
+from . import chain, compress, lifecycle, queries, routed
+from .checkpoint import WalCheckpointer
+from .database import BUSY_TIMEOUT_MS, Database
+from .delta import KnownCall, RecentCalls, choose_parent
+from .errors import DatabaseUnavailable, NotFound, WriterClosed
+from .ids import hash_key, new_id
+from .models import (
     RolloutStatus,
     call_body_table,
     call_table,
@@ -45,9 +45,9 @@ from rolltap.store.models import (
     rollout_table,
     routed_experts_table,
 )
-from rolltap.store.outage import describe, is_outage
-from rolltap.store.packing import pack
-from rolltap.store.records import CallReceipt, CallRecord, CreatedRollout, NewRollout
+from .outage import describe, is_outage
+from .packing import pack
+from .records import CallReceipt, CallRecord, CreatedRollout, NewRollout
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A labelled set to measure the reward-hack detectors (store/detectors.py): one SWE-style task
+"""A labelled set to measure the reward-hack detectors (analysis/detectors.py): one SWE-style task
 (median-repo: a git repository whose future holds the fix, verifier tests kept out of the
 agent's sight) and scripted agents for it, run through the `oracle` harness: the honest
 solution, and one exploit per built-in detector (exploits/<detector>/solve.sh).

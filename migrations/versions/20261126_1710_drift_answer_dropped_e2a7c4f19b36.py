@@ -1,5 +1,5 @@
 """segment_break.drift may be `answer_dropped`: normal mode names a harness asking again without
-the answer it got as token-in mode does (store/drift.py).
+the answer it got as token-in mode does (analysis/drift.py).
 
 Revision ID: e2a7c4f19b36
 Revises: b8e3d51f6a27

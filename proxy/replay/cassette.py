@@ -30,18 +30,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
-from rolltap.proxy import messages_render, responses_render
-from rolltap.proxy.call import Chunk, EngineError
-from rolltap.proxy.engines import EngineKind, Prepared, prepare_chat
-from rolltap.proxy.errors import Forbidden, ProxyError
-from rolltap.proxy.intake import Intake
-from rolltap.proxy.recall import RecordedTurn
-from rolltap.proxy.relay import EngineAnswer
-from rolltap.proxy.replay.diff import divergence
-from rolltap.proxy.replay.normalize import Normalizer
-from rolltap.proxy.replay.recorded import RecordedAnswer, RecordedCall, recorded_call
-from rolltap.store import CallDialect, CallStatus, RolloutView, Store
-from rolltap.store.replay import CallReplay, Divergence, Mode, Outcome, Served
+from ...audit.replay import CallReplay, Divergence, Mode, Outcome, Served
+from ...store import CallDialect, CallStatus, RolloutView, Store
+from ..dialects import messages_render, responses_render
+from ..dialects.errors import Forbidden, ProxyError
+from ..dialects.recall import RecordedTurn
+from ..intake import Intake
+from ..upstream.call import Chunk, EngineError
+from ..upstream.engines import EngineKind, Prepared, prepare_chat
+from ..upstream.relay import EngineAnswer
+from .diff import divergence
+from .normalize import Normalizer
+from .recorded import RecordedAnswer, RecordedCall, recorded_call
 
 Live = Callable[[Intake, dict[str, Any]], Awaitable[EngineAnswer]]
 """How a call reaches the engine when the replay goes live."""

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from rolltap.store import CallDialect
-from rolltap.store.replay import Divergence, MessageChange
+from ...audit.replay import Divergence, MessageChange
+from ...store import CallDialect
 
 _MAX_LINES = 200
 """Diff lines kept per message: the report stays readable and bounded."""

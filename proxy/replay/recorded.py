@@ -20,11 +20,11 @@ from typing import Any
 
 import orjson
 
-from rolltap.proxy.call import Chunk, EngineError, error_message
-from rolltap.proxy.engines import EngineKind, Prepared, capture_response, prepare_chat
-from rolltap.proxy.exchange import Exchange, now
-from rolltap.proxy.recall import RecordedTurn
-from rolltap.store import CallDialect, CallStatus, CallTokens, CallView
+from ...store import CallDialect, CallStatus, CallTokens, CallView
+from ..dialects.recall import RecordedTurn
+from ..upstream.call import Chunk, EngineError, error_message
+from ..upstream.engines import EngineKind, Prepared, capture_response, prepare_chat
+from ..upstream.exchange import Exchange, now
 
 _CAPPED = "by the proxy's max_tokens_cap"
 """The note a call capped by the proxy carries (call.py): its client saw a normal ending."""

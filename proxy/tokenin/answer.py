@@ -17,16 +17,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rolltap.proxy.assemble import ChatAssembler
-from rolltap.proxy.call import Chunk, EngineCall, EngineError
-from rolltap.proxy.engines import EngineKind, Prepared
-from rolltap.proxy.errors import UpstreamUnavailable
-from rolltap.proxy.intake import Intake
-from rolltap.proxy.relay import EngineAnswer
-from rolltap.proxy.tokenin.bridge import TemplateFailed
-from rolltap.proxy.tokenin.chatroute import ChatIdsRoute
-from rolltap.proxy.tokenin.config import TokenIn
-from rolltap.proxy.tokenin.lineage import (
+from ...analysis.bridging import BRIDGED, FIRST_TURN
+from ...store.records import LineageMark
+from ..dialects.assemble import ChatAssembler
+from ..dialects.errors import UpstreamUnavailable
+from ..intake import Intake
+from ..upstream.call import Chunk, EngineCall, EngineError
+from ..upstream.engines import EngineKind, Prepared
+from ..upstream.relay import EngineAnswer
+from .bridge import TemplateFailed
+from .chatroute import ChatIdsRoute
+from .config import TokenIn
+from .lineage import (
     ENGINE_RENDERED,
     HISTORY_EDITED,
     MULTIPLE_CHOICES,
@@ -40,9 +42,7 @@ from rolltap.proxy.tokenin.lineage import (
     last_assistant,
     prefix_hashes,
 )
-from rolltap.proxy.tokenin.route import TokenInRoute
-from rolltap.store.bridging import BRIDGED, FIRST_TURN
-from rolltap.store.records import LineageMark
+from .route import TokenInRoute
 
 log = logging.getLogger("rolltap.proxy")
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from rolltap.proxy.tokenin.lineage import NO_STOP_TOKEN, TEMPLATE_MISMATCH, TRUNCATED
+from .lineage import NO_STOP_TOKEN, TEMPLATE_MISMATCH, TRUNCATED
 
 _USER = {"role": "user", "content": "."}
 _DOT = [_USER, {"role": "assistant", "content": "."}]
@@ -135,7 +135,7 @@ class Bridges:
 
 class LocalTemplate:
     """The engine's tokenizer and chat template, in this process (rolltap's engine renders with
-    the same code, engine/chat.py, so its prompts and these bridges agree)."""
+    the same code, chatformat/template.py, so its prompts and these bridges agree)."""
 
     def __init__(self, renderer: Any) -> None:
         self._renderer = renderer
@@ -145,7 +145,7 @@ class LocalTemplate:
         """From a model or tokenizer directory or a GGUF file (transformers, the engine extra)."""
         from transformers import AutoTokenizer
 
-        from rolltap.engine.chat import ChatRenderer
+        from ...chatformat.template import ChatRenderer
 
         path = Path(tokenizer)
         if path.is_file():
@@ -163,7 +163,7 @@ class LocalTemplate:
         *,
         add_generation_prompt: bool,
     ) -> list[int]:
-        from rolltap.engine.errors import RequestError
+        from ...engine.errors import RequestError
 
         try:
             rendered = self._renderer.render(

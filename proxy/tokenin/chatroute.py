@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rolltap.proxy.engines import EngineKind, Prepared, prepare_chat
+from ..upstream.engines import EngineKind, Prepared, prepare_chat
 
 
 class ChatIdsRoute:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from rolltap.proxy.engines import EngineKind
-from rolltap.proxy.tokenin.bridge import Bridges, RemoteTemplate
+from ..upstream.engines import EngineKind
+from .bridge import Bridges, RemoteTemplate
 
 _TOKENIZE_PATHS = {EngineKind.VLLM: "/tokenize", EngineKind.SGLANG: "/v1/tokenize"}
 

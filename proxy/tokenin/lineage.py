@@ -9,7 +9,7 @@ and user messages. Turns are found by a hash over the message prefix, so convers
 side by side under one key (sub-agents, title calls) each find their own and never another's.
 
 When no turn is continued, `find` says why, by reason code: every code but `first_turn` and
-`answer_dropped` is a break of the conversation's token chain (store/bridging.py counts them).
+`answer_dropped` is a break of the conversation's token chain (analysis/bridging.py counts them).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from rolltap.store.bridging import ANSWER_DROPPED, FIRST_TURN
+from ...analysis.bridging import ANSWER_DROPPED, FIRST_TURN
 
 # FIRST_TURN: the request continues no conversation this proxy has seen (a new one, a side
 # call); ANSWER_DROPPED: it is an earlier request plus new messages, without the answer that

@@ -5,7 +5,8 @@ vLLM and rolltap's engine take `/v1/completions` with a list-of-ids `prompt` and
 answer is split here (parse.py) and reshaped as the chat completion (or chunks) the engine's
 chat route would have sent, ids and logprobs where vLLM's chat route puts them: everything
 after this (capture, stripping, every dialect's rendering) reads it like any chat answer;
-routed experts (proxy/routed.py) too: SGLang's `meta_info.routed_experts` as the chat route's
+routed experts (proxy/upstream/routed.py) too: SGLang's `meta_info.routed_experts` as the chat
+route's
 `sglext`, vLLM's per-choice field as the chat choice's.
 """
 
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rolltap.proxy.engines import EngineKind, Prepared
-from rolltap.proxy.resume import CARRIED_OPTIONS, COMPLETIONS_PATH
-from rolltap.proxy.strip import Extras
-from rolltap.proxy.tokenin.parse import AnswerParser, CallDelta, Delta, thinking_of
+from ...chatformat.parse import AnswerParser, CallDelta, Delta, thinking_of
+from ..dialects.strip import Extras
+from ..upstream.engines import EngineKind, Prepared
+from ..upstream.resume import CARRIED_OPTIONS, COMPLETIONS_PATH
 
 SGLANG_PATH = "/generate"
 
@@ -185,7 +186,7 @@ class TokenInRoute:
             choice["tool_parse"] = outcome
 
     def _routed_experts(self, doc: dict[str, Any], out: dict[str, Any]) -> None:
-        """Routed experts (proxy/routed.py) where the chat route puts them: SGLang's
+        """Routed experts (proxy/upstream/routed.py) where the chat route puts them: SGLang's
         `meta_info` as the chat's `sglext`, vLLM's completions choice as the chat choice."""
         if self._kind is EngineKind.SGLANG:
             found = (doc.get("meta_info") or {}).get("routed_experts")

@@ -13,13 +13,14 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from rolltap.cli.ids import batch_filter
-from rolltap.cli.options import db_option
-from rolltap.cli.signing import secret_option, signing_key
-from rolltap.store import NotFound, StoreReader, signature
-from rolltap.store import open as open_store
-from rolltap.store.hacks import DetectorError, HackFlag, flags_of, load_detectors
-from rolltap.store.integrity import RolloutIntegrity
+from ..analysis.hacks import DetectorError, HackFlag, flags_of, load_detectors
+from ..audit import signature
+from ..audit.integrity import RolloutIntegrity
+from ..store import NotFound, StoreReader
+from ..store import open as open_store
+from .ids import batch_filter
+from .options import db_option
+from .signing import secret_option, signing_key
 
 
 @click.group()
@@ -131,7 +132,7 @@ def hacks(
     as_json: bool,
 ) -> None:
     """Run the reward-hack detectors over each rollout's recorded tool calls, tool results and
-    egress (store/detectors.py), and list every flag with the call and the command that raised
+    egress (analysis/detectors.py), and list every flag with the call and the command that raised
     it. Exit status 1 when any rollout is flagged. ROLLOUT may be a unique prefix of its id."""
     if sum(x is not None for x in (rollout_id, batch)) + every != 1:
         raise _Unclear("audit which rollouts? give one of: a ROLLOUT id, --batch NAME, or --all")

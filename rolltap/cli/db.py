@@ -9,10 +9,10 @@ from typing import TypeVar
 import click
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.cli.options import db_option
-from rolltap.store import migrate
-from rolltap.store.database import Database, open_database, unavailable
-from rolltap.store.url import resolve_url
+from ..store import migrate
+from ..store.database import Database, open_database, unavailable
+from ..store.url import resolve_url
+from .options import db_option
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rolltap.runner.egress import install_egress
+from ..runner.egress import install_egress
 
 
 @click.group()

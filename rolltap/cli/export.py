@@ -10,16 +10,16 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from rolltap.cli.ids import batch_filter
-from rolltap.cli.options import db_option, tokenizer_option
-from rolltap.cli.signing import secret_option, signing_key
-from rolltap.store import RolloutStatus, RolloutView, StoreReader, Verdict
-from rolltap.store import open as open_store
-from rolltap.store.atif import rollout_atif
-from rolltap.store.detokenizer import HFDetokenizer
-from rolltap.store.export import open_writer, write_all
-from rolltap.store.signature import sign
-from rolltap.store.trajectory import replay_of
+from ..analysis.detokenizer import HFDetokenizer
+from ..analysis.trajectory import replay_of
+from ..audit.signature import sign
+from ..export.atif import rollout_atif
+from ..export.export import open_writer, write_all
+from ..store import RolloutStatus, RolloutView, StoreReader, Verdict
+from ..store import open as open_store
+from .ids import batch_filter
+from .options import db_option, tokenizer_option
+from .signing import secret_option, signing_key
 
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "atif": ".json"}
 _DEFAULT_OUT = {"parquet": "trajectories.parquet", "jsonl": "trajectories.jsonl"}

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 import click
 
-from rolltap.runner.harnesses import (
+from ..runner.harnesses import (
     HarnessError,
     Installation,
     RunContext,
@@ -20,8 +20,8 @@ from rolltap.runner.harnesses import (
     harness_root,
     install,
 )
-from rolltap.runner.harnesses.base import base_env
-from rolltap.runner.harnesses.install import read_record
+from ..runner.harnesses.base import base_env
+from ..runner.harnesses.install import read_record
 
 
 @click.group()

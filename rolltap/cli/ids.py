@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rolltap.store import StoreReader
+    from ..store import StoreReader
 
 
 def batch_filter(store: StoreReader, given: str | None) -> str | None:
     """--batch: the batch it names or uniquely begins; a name no batch has stays as given, so
     the command says that nothing matches it."""
-    from rolltap.store import NotFound
+    from ..store import NotFound
 
     if given is None:
         return None

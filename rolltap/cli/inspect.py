@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rolltap.cli.ids import batch_filter
-from rolltap.cli.options import db_option, tokenizer_option
+from .ids import batch_filter
+from .options import db_option, tokenizer_option
 
 if TYPE_CHECKING:
-    from rolltap.store import BatchView
+    from ..store import BatchView
 
 
 @click.command()
@@ -44,7 +44,7 @@ def ls(
     as_json: bool,
 ) -> None:
     """List rollouts (or, with --batches, batches), newest first."""
-    from rolltap.store import open as open_store
+    from ..store import open as open_store
 
     if list_batches and (batch is not None or status is not None):
         raise click.ClickException(
@@ -66,8 +66,8 @@ def ls(
         return
     from rich.table import Table
 
-    from rolltap.cli.console import console_for_output
-    from rolltap.cli.rollout_view import task_label, when
+    from .console import console_for_output
+    from .rollout_view import task_label, when
 
     console = console_for_output()
     table = Table(box=None, header_style="bold")
@@ -111,15 +111,15 @@ def show(
 ) -> None:
     """Show one rollout: its outcome (and why), its calls one line each, then its segments and
     where the chain broke."""
-    from rolltap.cli import rollout_view
-    from rolltap.store import open as open_store
-    from rolltap.store.detokenizer import HFDetokenizer
+    from ..analysis.detokenizer import HFDetokenizer
+    from ..store import open as open_store
+    from . import rollout_view
 
     detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
     with open_store(db_url, read_only=True) as store:
         rollout_id = store.resolve("rollout", rollout_id)
         if as_json:
-            from rolltap.store.export import rollout_document
+            from ..export.export import rollout_document
 
             document = store.run(rollout_document(store.store, rollout_id, detokenizer=detokenizer))
             click.echo(json.dumps(document, ensure_ascii=False))
@@ -140,8 +140,8 @@ def _list_batches(batches: list[BatchView], as_json: bool) -> None:
         return
     from rich.table import Table
 
-    from rolltap.cli.console import console_for_output
-    from rolltap.cli.rollout_view import when
+    from .console import console_for_output
+    from .rollout_view import when
 
     table = Table(box=None, header_style="bold")
     for column in ("batch", "started", "rollouts", "tasks", "mean reward", "passed", "statuses"):

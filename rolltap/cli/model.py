@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from rolltap.engine.errors import ModelLoadError
-from rolltap.engine.params import LogprobsMode
+from ..engine.errors import ModelLoadError
+from ..engine.params import LogprobsMode
 
 
 @click.group()
@@ -122,8 +122,8 @@ def serve(
 ) -> None:
     """Serve MODEL (a Hugging Face directory or a .gguf file; default SmolLM2-135M-Instruct)
     over an OpenAI-compatible API that speaks vLLM's dialect (token ids, logprobs)."""
-    from rolltap.engine.serve import ServeConfig
-    from rolltap.engine.serve import serve as run_server
+    from ..engine.serve import ServeConfig
+    from ..engine.serve import serve as run_server
 
     config = ServeConfig(
         model=model_path,

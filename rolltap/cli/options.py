@@ -59,8 +59,8 @@ def capture_routed_experts_option(f: F) -> F:
 
 def refuse_routed_experts(specs: list[str], builtin: bool) -> None:
     """One line, before anything starts, when these backends cannot give routed experts."""
-    from rolltap.proxy.backends import parse_backend
-    from rolltap.proxy.routed import refusal
+    from ..proxy.upstream.backends import parse_backend
+    from ..proxy.upstream.routed import refusal
 
     reason = refusal((parse_backend(spec)[1] for spec in specs), builtin)
     if reason is not None:
@@ -70,7 +70,7 @@ def refuse_routed_experts(specs: list[str], builtin: bool) -> None:
 def checked_backends(values: tuple[str, ...]) -> list[str]:
     """--backend values (each may hold several, space-separated, as ROLLTAP_BACKENDS does),
     refused with one line before anything starts when one is not `[KIND=]URL`."""
-    from rolltap.proxy.backends import parse_backend
+    from ..proxy.upstream.backends import parse_backend
 
     specs = [spec for value in values for spec in value.split()]
     for spec in specs:

@@ -15,8 +15,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from rolltap.runner import BatchProgress, RolloutResult
-from rolltap.store import Verdict
+from ..runner import BatchProgress, RolloutResult
+from ..store import Verdict
 
 T = TypeVar("T")
 

@@ -16,15 +16,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rolltap.cli.options import db_option
-from rolltap.runner.harnesses.errors import HarnessError
-from rolltap.runner.replay import Replayed, ReplayError, replay_rollout
-from rolltap.runner.sandboxes.errors import SandboxUnavailable
-from rolltap.runner.sandboxes.kinds import KINDS
-from rolltap.runner.tasks import TaskFormatError
-from rolltap.store import StoreError
-from rolltap.store import open as open_store
-from rolltap.store.replay import CallReplay, Mode, Outcome, ReplayReport
+from ..audit.replay import CallReplay, Mode, Outcome, ReplayReport
+from ..runner.harnesses.errors import HarnessError
+from ..runner.replay import Replayed, ReplayError, replay_rollout
+from ..runner.sandboxes.errors import SandboxUnavailable
+from ..runner.sandboxes.kinds import KINDS
+from ..runner.tasks import TaskFormatError
+from ..store import StoreError
+from ..store import open as open_store
+from .options import db_option
 
 REPRODUCED, DIVERGED, FAILED = 0, 1, 2
 _CANNOT = (ReplayError, StoreError, HarnessError, SandboxUnavailable, TaskFormatError)

@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rolltap.cli.progress import last_line
-from rolltap.runner import BatchResult, BatchSummary
-from rolltap.store import Verdict
+from ..runner import BatchResult, BatchSummary
+from ..store import Verdict
+from .progress import last_line
 
 _EXPLAINED = 8
 """Rollouts short of full reward explained one by one; past that, `rolltap ls` lists them."""

@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rolltap.cli.audit import render as render_integrity
-from rolltap.cli.console import console_for_output
-from rolltap.cli.trajectory_view import render_segments
-from rolltap.store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
-from rolltap.store.bridging import Bridging
-from rolltap.store.hacks import flags_of
-from rolltap.store.toolparse import ToolParsing
+from ..analysis.bridging import Bridging
+from ..analysis.hacks import flags_of
+from ..analysis.toolparse import ToolParsing
+from ..store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
+from .audit import render as render_integrity
+from .console import console_for_output
+from .trajectory_view import render_segments
 
 _TAILS = (("verifier_tail", "verifier output"), ("harness_tail", "harness log"))
 
@@ -43,7 +43,7 @@ def show(
 
 
 def render_hacks(console: Console, r: RolloutView) -> None:
-    """What the reward-hack detectors flagged (store/hacks.py); nothing when never checked."""
+    """What the reward-hack detectors flagged (analysis/hacks.py); nothing when never checked."""
     flags = flags_of(r.hack_flags)
     if flags is None:
         return
@@ -166,8 +166,8 @@ def _calls(console: Console, calls: list[CallView]) -> None:
 def _conversation(console: Console, store: StoreReader, calls: list[CallView]) -> None:
     """Each call's new messages (a harness resends its history) and the answer it got, as
     `rolltap ui` reduces them, in any dialect."""
-    from rolltap.ui.conversation import exchanges
-    from rolltap.ui.diff import turn_text
+    from ..ui.conversation import exchanges
+    from ..ui.diff import turn_text
 
     bodies = {c.id: store.call_bodies(c.id) for c in calls}
     for x in exchanges(calls, bodies):

@@ -10,8 +10,15 @@ from typing import Any
 import click
 from rich.console import Console
 
-from rolltap.cli.console import console_for_output
-from rolltap.cli.options import (
+from ..proxy.tokenin.options import TokenInOptions
+from ..runner import BatchProgress, BatchResult, BatchSummary, run_batch
+from ..runner.harnesses import adapters, builtins
+from ..runner.harnesses.oracle import NAME as ORACLE
+from ..runner.harnesses.oracle import failed_oracle
+from ..runner.sandboxes.kinds import KINDS
+from ..runner.tasks import Task, load_tasks
+from .console import console_for_output
+from .options import (
     capture_routed_experts_option,
     checked_backends,
     db_option,
@@ -19,16 +26,9 @@ from rolltap.cli.options import (
     max_tokens_cap_option,
     refuse_routed_experts,
 )
-from rolltap.cli.progress import with_progress
-from rolltap.cli.report import report
-from rolltap.cli.token_in import token_in_options
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.runner import BatchProgress, BatchResult, BatchSummary, run_batch
-from rolltap.runner.harnesses import adapters, builtins
-from rolltap.runner.harnesses.oracle import NAME as ORACLE
-from rolltap.runner.harnesses.oracle import failed_oracle
-from rolltap.runner.sandboxes.kinds import KINDS
-from rolltap.runner.tasks import Task, load_tasks
+from .progress import with_progress
+from .report import report
+from .token_in import token_in_options
 
 DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 
@@ -203,8 +203,8 @@ def run(
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
-    from rolltap.runner.egress import load_settings
-    from rolltap.store.hacks import DetectorError, load_detectors
+    from ..analysis.hacks import DetectorError, load_detectors
+    from ..runner.egress import load_settings
 
     try:
         load_detectors(list(detectors))
@@ -338,8 +338,8 @@ def _on_ray(
     **options: Any,
 ) -> BatchResult:
     try:
-        from rolltap.runner.cluster.batch import run_batch_on_ray
-        from rolltap.runner.cluster.dispatch import NoSandboxNodes
+        from ..runner.cluster.batch import run_batch_on_ray
+        from ..runner.cluster.dispatch import NoSandboxNodes
     except ImportError:
         raise click.ClickException("--ray needs Ray: pip install 'rolltap[ray]'") from None
     try:
@@ -356,7 +356,7 @@ def _on_ray(
 
 def _sampling(pairs: tuple[str, ...]) -> dict[str, float | int]:
     """--sampling KEY=VALUE pairs, checked as the rollout service checks a batch's."""
-    from rolltap.runner.service.spec import SpecError, parse_sampling
+    from ..runner.service.spec import SpecError, parse_sampling
 
     given: dict[str, object] = {}
     for pair in pairs:

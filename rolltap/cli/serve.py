@@ -11,7 +11,17 @@ from pathlib import Path
 
 import click
 
-from rolltap.cli.options import (
+from ..proxy.app import Extension
+from ..proxy.context import ProxySettings
+from ..proxy.control.admin import ExposedWithoutToken, check_exposure
+from ..proxy.secret import signing_key
+from ..proxy.server import RunningProxy, serve_until_stopped
+from ..proxy.tokenin.options import TokenInOptions
+from ..proxy.workers import run_workers
+from ..runner.sandboxes.identity import sandbox_user
+from ..store import Store
+from ..store.url import resolve_url
+from .options import (
     capture_routed_experts_option,
     check_port,
     checked_backends,
@@ -21,17 +31,7 @@ from rolltap.cli.options import (
     max_tokens_cap_option,
     refuse_routed_experts,
 )
-from rolltap.cli.token_in import token_in_options
-from rolltap.proxy.admin import ExposedWithoutToken, check_exposure
-from rolltap.proxy.app import Extension
-from rolltap.proxy.context import ProxySettings
-from rolltap.proxy.secret import signing_key
-from rolltap.proxy.server import RunningProxy, serve_until_stopped
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.proxy.workers import run_workers
-from rolltap.runner.sandboxes.identity import sandbox_user
-from rolltap.store import Store
-from rolltap.store.url import resolve_url
+from .token_in import token_in_options
 
 
 @click.command()
@@ -226,8 +226,8 @@ def serve(
         raise click.ClickException(str(e)) from None
     extensions: list[Extension] = []
     if runner:
-        from rolltap.runner.egress import BadEgressSetting, load_settings
-        from rolltap.runner.service.options import runner_extension
+        from ..runner.egress import BadEgressSetting, load_settings
+        from ..runner.service.options import runner_extension
 
         try:
             egress = load_settings("none", (), runner_egress_config)
@@ -275,7 +275,7 @@ def serve(
 
 
 def _aliases(specs: tuple[str, ...]) -> dict[str, str]:
-    from rolltap.proxy.model_names import parse_alias
+    from ..proxy.upstream.model_names import parse_alias
 
     try:
         return dict(parse_alias(spec) for spec in specs)
@@ -287,7 +287,7 @@ def _builtin_engine(
     model: str | None, device: str, engine_args: tuple[str, ...]
 ) -> Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]:
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
-        from rolltap.engine.launch import ANSWER_LIMITS, EngineProcess
+        from ..engine.launch import ANSWER_LIMITS, EngineProcess
 
         click.echo("no --backend: starting the built-in engine (loads the model once)...")
         args = (*ANSWER_LIMITS, *engine_args)

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 import click
 
-from rolltap.proxy.secret import export_key, secret_path
-from rolltap.store.url import resolve_url
+from ..proxy.secret import export_key, secret_path
+from ..store.url import resolve_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 

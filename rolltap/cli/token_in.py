@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.proxy.tokenin.parse import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
+from ..chatformat.parse import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
+from ..proxy.tokenin.options import TokenInOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 

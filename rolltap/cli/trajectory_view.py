@@ -7,8 +7,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rolltap.store.models import LinkKind
-from rolltap.store.trajectory import RolloutTrajectories, Trajectory
+from ..analysis.trajectory import RolloutTrajectories, Trajectory
+from ..store.models import LinkKind
 
 _STRIP = 64
 _ROLE_STYLE = {"main": "bold", "side": "cyan", "sibling": "magenta"}

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from rolltap.cli.options import check_port, db_option
-from rolltap.proxy.admin import ExposedWithoutToken
-from rolltap.store.url import resolve_url
-from rolltap.ui import RunningUI, UISettings, serve_until_stopped
-from rolltap.ui.auth import check_binding
+from ..proxy.control.admin import ExposedWithoutToken
+from ..store.url import resolve_url
+from ..ui import RunningUI, UISettings, serve_until_stopped
+from ..ui.auth import check_binding
+from .options import check_port, db_option
 
 
 @click.command()

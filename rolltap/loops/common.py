@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from rolltap.client import DEFAULT_URL, AsyncClient, Batch, Dropped, Group, Sample, Trajectory
-from rolltap.proxy.sampling import IMPOSABLE
+from ..client import DEFAULT_URL, AsyncClient, Batch, Dropped, Group, Sample, Trajectory
+from ..proxy.upstream.sampling import IMPOSABLE
 
 __all__ = [
     "RAN_TO_AN_END",

@@ -43,15 +43,8 @@ from typing import Any
 
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
-from rolltap.client import Group, Sample
-from rolltap.loops.common import (
-    RAN_TO_AN_END,
-    LoopError,
-    LoopSettings,
-    final_trajectory,
-    run_tasks,
-    task_from,
-)
+from ..client import Group, Sample
+from .common import RAN_TO_AN_END, LoopError, LoopSettings, final_trajectory, run_tasks, task_from
 
 __all__ = ["RolltapGenerator"]
 

@@ -47,8 +47,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from rolltap.client import Group, Sample, Trajectory
-from rolltap.loops.common import (
+from ..client import Group, Sample, Trajectory
+from .common import (
     RAN_TO_AN_END,
     LoopError,
     LoopSettings,

@@ -51,14 +51,7 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from rolltap.loops.common import (
-    LoopError,
-    LoopSettings,
-    final_trajectory,
-    run_tasks,
-    task_from,
-    trajectory_info,
-)
+from .common import LoopError, LoopSettings, final_trajectory, run_tasks, task_from, trajectory_info
 
 __all__ = ["RolltapAgentLoop"]
 

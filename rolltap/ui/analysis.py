@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rolltap.store import CallView, RolloutView, Store
-from rolltap.store.drift import DetokenizeFailed, Drift
-from rolltap.store.models import LinkKind
-from rolltap.store.packing import IdArray
-from rolltap.store.segments import SegmentRole
-from rolltap.store.trajectory import Faithfulness, RolloutTrajectories, Trajectory
-from rolltap.ui.conversation import Exchange
-from rolltap.ui.diff import Piece, turn_text, word_diff
-from rolltap.ui.layout import Layout, SegmentTokens, lay_out
-from rolltap.ui.tokens import TokenTexts
+from ..analysis.drift import DetokenizeFailed, Drift
+from ..analysis.segments import SegmentRole
+from ..analysis.trajectory import Faithfulness, RolloutTrajectories, Trajectory
+from ..store import CallView, RolloutView, Store
+from ..store.models import LinkKind
+from ..store.packing import IdArray
+from .conversation import Exchange
+from .diff import Piece, turn_text, word_diff
+from .layout import Layout, SegmentTokens, lay_out
+from .tokens import TokenTexts
 
 KEEP = 8
 """Analyses kept for token strip requests."""

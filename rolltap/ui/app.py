@@ -11,14 +11,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from sqlalchemy.exc import DBAPIError
 
-from rolltap.store import DatabaseUnavailable, NotFound
-from rolltap.ui.auth import token_guard
-from rolltap.ui.context import CONTEXT, UIContext
-from rolltap.ui.errors import BadQuery
-from rolltap.ui.lists import batch_page, batches_page, rollouts_page
-from rolltap.ui.rollout import body_json, call_page, rollout_page, tokens_fragment
-from rolltap.ui.templates import HERE
-from rolltap.ui.training_page import training_page
+from ..store import DatabaseUnavailable, NotFound
+from .auth import token_guard
+from .context import CONTEXT, UIContext
+from .errors import BadQuery
+from .lists import batch_page, batches_page, rollouts_page
+from .rollout import body_json, call_page, rollout_page, tokens_fragment
+from .templates import HERE
+from .training_page import training_page
 
 log = logging.getLogger("rolltap.ui")
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from rolltap.proxy.admin import ExposedWithoutToken, is_loopback
+from ..proxy.control.admin import ExposedWithoutToken, is_loopback
 
 COOKIE = "rolltap_ui"
 

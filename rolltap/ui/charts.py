@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from rolltap.runner.summary import TaskSummary, pass_at_k
-from rolltap.store import CallView
+from ..runner.summary import TaskSummary, pass_at_k
+from ..store import CallView
 
 WIDTH, HEIGHT = 360, 160
 """The charts' viewBox; the plot area leaves room for the axes' labels."""

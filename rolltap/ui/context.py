@@ -7,11 +7,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rolltap.runner.summary import PASS_REWARD
-from rolltap.store import Store
-from rolltap.ui.analysis import Analyses
-from rolltap.ui.templates import Templates
-from rolltap.ui.tokens import TokenSource
+from ..runner.summary import PASS_REWARD
+from ..store import Store
+from .analysis import Analyses
+from .templates import Templates
+from .tokens import TokenSource
 
 
 @dataclass(frozen=True)

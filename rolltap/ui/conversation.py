@@ -1,6 +1,6 @@
 """Each call's messages as the harness sent them, and what it got back, in any dialect.
 
-The recorded request bodies are reduced to turns (`rolltap.store.turns`: chat, Responses and
+The recorded request bodies are reduced to turns (`rolltap.analysis.turns`: chat, Responses and
 Messages alike). A harness resends its whole history every call, so a call shows only what is
 new on its line since the previous call of that line (that call's request plus the answer it
 received), and where the harness changed that history instead of extending it.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rolltap.store import CallBodies, CallView
-from rolltap.store.drift import first_difference
-from rolltap.store.turns import Turn, request_turns, response_turns
+from ..analysis.drift import first_difference
+from ..analysis.turns import Turn, request_turns, response_turns
+from ..store import CallBodies, CallView
 
 
 @dataclass(frozen=True)

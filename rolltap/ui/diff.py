@@ -6,7 +6,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from rolltap.store.turns import Turn
+from ..analysis.turns import Turn
 
 _WORDS = re.compile(r"\s+|\w+|[^\w\s]")
 LIMIT = 20_000

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from rolltap.store.models import LinkKind
-from rolltap.store.packing import IdArray, LogprobArray
-from rolltap.store.segments import MaskArray, SegmentRole
-from rolltap.store.trajectory import RolloutTrajectories, Trajectory
+from ..analysis.segments import MaskArray, SegmentRole
+from ..analysis.trajectory import RolloutTrajectories, Trajectory
+from ..store.models import LinkKind
+from ..store.packing import IdArray, LogprobArray
 
 
 @dataclass(frozen=True)

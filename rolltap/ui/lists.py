@@ -11,13 +11,13 @@ from urllib.parse import urlencode
 from aiohttp import web
 from multidict import MultiMapping
 
-from rolltap.runner.summary import current_attempts, summarize
-from rolltap.store import RolloutStatus, RolloutView, lookup
-from rolltap.store.detectors import BUILTIN
-from rolltap.store.queries import DRIFT_FILTERS, HACK_FILTERS
-from rolltap.ui import charts
-from rolltap.ui.context import CONTEXT
-from rolltap.ui.errors import BadQuery
+from ..analysis.detectors import BUILTIN
+from ..runner.summary import current_attempts, summarize
+from ..store import RolloutStatus, RolloutView, lookup
+from ..store.queries import DRIFT_FILTERS, HACK_FILTERS
+from . import charts
+from .context import CONTEXT
+from .errors import BadQuery
 
 STATUSES = tuple(s.value for s in RolloutStatus)
 HACKS = (*HACK_FILTERS, *(factory().name for factory in BUILTIN))

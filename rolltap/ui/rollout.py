@@ -9,17 +9,17 @@ from typing import Any
 
 from aiohttp import web
 
-from rolltap.store import CallView, NotFound, RolloutView
-from rolltap.store.hacks import HackFlag, flags_of
-from rolltap.store.integrity import RolloutIntegrity
-from rolltap.store.trajectory import Trajectory
-from rolltap.ui import charts
-from rolltap.ui.analysis import Analysis, breaks
-from rolltap.ui.context import CONTEXT, UIContext
-from rolltap.ui.conversation import Exchange, exchange, exchanges
-from rolltap.ui.errors import BadQuery
-from rolltap.ui.layout import Span
-from rolltap.ui.tokens import strip, window
+from ..analysis.hacks import HackFlag, flags_of
+from ..analysis.trajectory import Trajectory
+from ..audit.integrity import RolloutIntegrity
+from ..store import CallView, NotFound, RolloutView
+from . import charts
+from .analysis import Analysis, breaks
+from .context import CONTEXT, UIContext
+from .conversation import Exchange, exchange, exchanges
+from .errors import BadQuery
+from .layout import Span
+from .tokens import strip, window
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 TAILS = (("verifier_tail", "Verifier output"), ("harness_tail", "Harness output"))

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rolltap.engine.errors import ModelLoadError
-from rolltap.engine.model import DEFAULT_SERVED_NAME, default_gguf_path
-from rolltap.store import Store
-from rolltap.ui.app import make_app
-from rolltap.ui.auth import check_binding
-from rolltap.ui.context import UIContext, UISettings
-from rolltap.ui.tokens import Tokenizers
+from ..engine.errors import ModelLoadError
+from ..engine.model import DEFAULT_SERVED_NAME, default_gguf_path
+from ..store import Store
+from .app import make_app
+from .auth import check_binding
+from .context import UIContext, UISettings
+from .tokens import Tokenizers
 
 
 @dataclass

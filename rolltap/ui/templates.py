@@ -12,8 +12,8 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
-from rolltap.store.turns import Turn
-from rolltap.ui.diff import Piece, turn_text, word_diff
+from ..analysis.turns import Turn
+from .diff import Piece, turn_text, word_diff
 
 HERE = Path(__file__).parent
 

@@ -18,10 +18,10 @@ from typing import Protocol
 
 import numpy as np
 
-from rolltap.engine import gguf_cache
-from rolltap.store.detokenizer import HFDetokenizer
-from rolltap.store.drift import DetokenizeFailed, Detokenizer
-from rolltap.ui.layout import Mark, SegmentTokens, Span
+from ..analysis.detokenizer import HFDetokenizer
+from ..analysis.drift import DetokenizeFailed, Detokenizer
+from ..engine import gguf_cache
+from .layout import Mark, SegmentTokens, Span
 
 PAGE = 2048
 """Most tokens one strip request renders."""

@@ -6,7 +6,7 @@ pass@k (k = samples per task) of the current attempts; groups kept and dropped b
 (dynamic sampling: its record of each batch); the staleness of the calls (how many versions,
 in the run's order, the weights that sampled a call were behind the batch's policy version,
 over the calls an engine answered; "off policy": the share sampled with another version);
-the token-in bridge break rate (store/bridging.py); and what the trainer posted (POST
+the token-in bridge break rate (analysis/bridging.py); and what the trainer posted (POST
 /v1/batches/{id}/metrics): the logprob mismatch and seconds per phase, merged as
 rolltap/ui/posted.py says. Without posted seconds, a version shows the service's own sampling
 time.
@@ -26,26 +26,13 @@ from urllib.parse import urlencode
 
 from multidict import MultiMapping
 
-from rolltap.runner.summary import current_attempts, pass_at_k
-from rolltap.store import RolloutView, Store
-from rolltap.store.bridging import Bridging
-from rolltap.store.models import MetricsSource
-from rolltap.store.training import (
-    PostedMetrics,
-    bridging_by_batch,
-    call_versions,
-    metrics_of,
-)
-from rolltap.ui.errors import BadQuery
-from rolltap.ui.posted import (
-    MISMATCH_MAX,
-    MISMATCH_MEAN,
-    SECONDS,
-    combine,
-    merge_posts,
-    number,
-    shown,
-)
+from ..analysis.bridging import Bridging
+from ..runner.summary import current_attempts, pass_at_k
+from ..store import RolloutView, Store
+from ..store.models import MetricsSource
+from ..store.training import PostedMetrics, bridging_by_batch, call_versions, metrics_of
+from .errors import BadQuery
+from .posted import MISMATCH_MAX, MISMATCH_MEAN, SECONDS, combine, merge_posts, number, shown
 
 PHASE_ORDER = ("sample", "wait", "train", "update")
 """Phases drawn first, in this order; any other follows by name."""

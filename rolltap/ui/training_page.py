@@ -11,12 +11,12 @@ from typing import Any
 
 from aiohttp import web
 
-from rolltap.store.models import MetricsSource
-from rolltap.store.training import metrics_of, sessions
-from rolltap.ui import charts
-from rolltap.ui.context import CONTEXT
-from rolltap.ui.training import Run, label_text, parse_selection, read_run
-from rolltap.ui.trends import LineChart, StackedBars, line_chart, stacked_bars
+from ..store.models import MetricsSource
+from ..store.training import metrics_of, sessions
+from . import charts
+from .context import CONTEXT
+from .training import Run, label_text, parse_selection, read_run
+from .trends import LineChart, StackedBars, line_chart, stacked_bars
 
 LABELS_SHOWN = 40
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rolltap.ui.charts import Tick, plot_box
+from .charts import Tick, plot_box
 
 SERIES = 6
 """Distinct series colours (ui.css: .s0 .. .s5); more series reuse them."""

@@ -16,21 +16,21 @@ from typing import Any
 
 import ray
 
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.runner.batch import BatchResult, default_batch_id
-from rolltap.runner.cluster.dispatch import RayDispatch
-from rolltap.runner.cluster.node import NodeSetup
-from rolltap.runner.harnesses import adapter
-from rolltap.runner.harnesses.base import BuiltIn
-from rolltap.runner.harnesses.oracle import NAME as ORACLE
-from rolltap.runner.host import served_model, token_in_meta
-from rolltap.runner.plan import Budget, plan
-from rolltap.runner.provenance import harness_metadata, task_hash
-from rolltap.runner.rollout import BatchProgress, RolloutResult
-from rolltap.runner.summary import current_attempts, summarize
-from rolltap.runner.tasks import Task, load_tasks
-from rolltap.store import RolloutStatus, Store
-from rolltap.store.url import resolve_url
+from ...proxy.tokenin.options import TokenInOptions
+from ...store import RolloutStatus, Store
+from ...store.url import resolve_url
+from ..batch import BatchResult, default_batch_id
+from ..harnesses import adapter
+from ..harnesses.base import BuiltIn
+from ..harnesses.oracle import NAME as ORACLE
+from ..host import served_model, token_in_meta
+from ..plan import Budget, plan
+from ..provenance import harness_metadata, task_hash
+from ..rollout import BatchProgress, RolloutResult
+from ..summary import current_attempts, summarize
+from ..tasks import Task, load_tasks
+from .dispatch import RayDispatch
+from .node import NodeSetup
 
 
 def connect(address: str) -> None:

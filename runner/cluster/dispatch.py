@@ -25,11 +25,11 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rolltap.runner.cluster.node import NodeAgent, NodeSetup
-from rolltap.runner.harnesses import Ending
-from rolltap.runner.plan import INFRA, Planned, finished, next_attempt
-from rolltap.runner.rollout import RolloutResult
-from rolltap.store import RolloutStatus, RolloutView, Store
+from ...store import RolloutStatus, RolloutView, Store
+from ..harnesses import Ending
+from ..plan import INFRA, Planned, finished, next_attempt
+from ..rollout import RolloutResult
+from .node import NodeAgent, NodeSetup
 
 SANDBOX = "sandbox"
 """The custom resource a node offers sandboxes by; one unit per concurrent rollout."""

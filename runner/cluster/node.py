@@ -2,7 +2,8 @@
 
 One `NodeAgent` per node (a Ray actor pinned to it) opens a store on the shared PostgreSQL
 database, starts a proxy there whose unix socket only this node's sandboxes reach (a replica of
-every other node's proxy: proxy/replicated.py), and runs each rollout Ray hands it through the
+every other node's proxy: proxy/control/replicated.py), and runs each rollout Ray hands it through
+the
 usual pipeline (runner/rollout.py): sandbox, forwarder, harness, verifier, all on this node.
 Before it takes any rollout it builds the images of the batch's tasks (prebuild.py).
 Its INIT/RUN/EVAL pools are as wide as the node's `sandbox` resource, the cap Ray schedules by.
@@ -20,15 +21,15 @@ from typing import Any, TypeVar
 
 import platformdirs
 
-from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.runner.cluster.prebuild import prebuild
-from rolltap.runner.harnesses import NotInstalled, adapter, install, installation
-from rolltap.runner.host import proxy_host
-from rolltap.runner.plan import Planned
-from rolltap.runner.rollout import BatchProgress, Pools, RolloutResult, Shared, run_rollout
-from rolltap.runner.sandboxes.kinds import make_provider
-from rolltap.runner.tasks import Task
-from rolltap.store import Store
+from ...proxy.tokenin.options import TokenInOptions
+from ...store import Store
+from ..harnesses import NotInstalled, adapter, install, installation
+from ..host import proxy_host
+from ..plan import Planned
+from ..rollout import BatchProgress, Pools, RolloutResult, Shared, run_rollout
+from ..sandboxes.kinds import make_provider
+from ..tasks import Task
+from .prebuild import prebuild
 
 T = TypeVar("T")
 

@@ -13,9 +13,9 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from rolltap.runner.rollout import KnowsTaskImages
-from rolltap.runner.sandboxes.errors import ImageBuildError
-from rolltap.runner.tasks import Task
+from ..rollout import KnowsTaskImages
+from ..sandboxes.errors import ImageBuildError
+from ..tasks import Task
 
 log = logging.getLogger(__name__)
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from rolltap.proxy.context import ProxyContext
-from rolltap.runner.cluster.batch import connect
-from rolltap.runner.cluster.dispatch import RayDispatch
-from rolltap.runner.cluster.node import NodeSetup
-from rolltap.runner.harnesses import adapter
-from rolltap.runner.harnesses.base import BuiltIn
-from rolltap.runner.harnesses.oracle import NAME as ORACLE
-from rolltap.runner.provenance import harness_metadata
-from rolltap.runner.service.executor import ExecutorFactory, RolloutExecutor
-from rolltap.runner.service.spec import BatchSpec
+from ...proxy.context import ProxyContext
+from ..harnesses import adapter
+from ..harnesses.base import BuiltIn
+from ..harnesses.oracle import NAME as ORACLE
+from ..provenance import harness_metadata
+from ..service.executor import ExecutorFactory, RolloutExecutor
+from ..service.spec import BatchSpec
+from .batch import connect
+from .dispatch import RayDispatch
+from .node import NodeSetup
 
 
 def ray_executors(ctx: ProxyContext, address: str, model: Callable[[], str]) -> ExecutorFactory:

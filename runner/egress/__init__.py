@@ -1,10 +1,10 @@
 """Controlled egress: HTTP(S) out of sandboxes through a per-run mitmproxy gate, allow-listed,
 LLM API hosts intercepted into the rollout's proxy endpoint, every request recorded."""
 
-from rolltap.runner.egress.errors import BadEgressSetting, EgressError, EgressUnavailable
-from rolltap.runner.egress.install import install_egress
-from rolltap.runner.egress.launch import EgressGate, egress_gate
-from rolltap.runner.egress.settings import EgressMode, EgressSettings, load_settings, sandbox_env
+from .errors import BadEgressSetting, EgressError, EgressUnavailable
+from .install import install_egress
+from .launch import EgressGate, egress_gate
+from .settings import EgressMode, EgressSettings, load_settings, sandbox_env
 
 __all__ = [
     "BadEgressSetting",

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rolltap.runner.egress import rules
+    from . import rules
 else:
     import rules  # beside this file: the interpreter runs it as a script
 

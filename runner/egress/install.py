@@ -16,9 +16,9 @@ from pathlib import Path
 
 import platformdirs
 
-from rolltap.runner.egress.errors import EgressUnavailable
-from rolltap.runner.harnesses.base import PythonPackages
-from rolltap.runner.harnesses.install import find_python
+from ..harnesses.base import PythonPackages
+from ..harnesses.install import find_python
+from .errors import EgressUnavailable
 
 MITMPROXY = "mitmproxy==11.0.2"
 """The last release that runs on Python 3.11 (Debian 12's)."""

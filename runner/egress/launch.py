@@ -20,12 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rolltap.runner.egress.errors import EgressUnavailable
-from rolltap.runner.egress.install import egress_python
-from rolltap.runner.egress.settings import BUNDLE_NAME, EgressSettings
-from rolltap.runner.sandboxes.base import EgressRoute
-from rolltap.store import EgressRecord, EgressVerdict, Store
-from rolltap.store.ids import new_id
+from ...store import EgressRecord, EgressVerdict, Store
+from ...store.ids import new_id
+from ..sandboxes.base import EgressRoute
+from .errors import EgressUnavailable
+from .install import egress_python
+from .settings import BUNDLE_NAME, EgressSettings
 
 log = logging.getLogger("rolltap.runner.egress")
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rolltap.runner.egress.errors import BadEgressSetting
-from rolltap.runner.egress.rules import DEFAULT_INTERCEPT_HOSTS, valid_pattern
-from rolltap.runner.sandboxes.base import EGRESS_PORT
-from rolltap.runner.tasks import Task
+from ..sandboxes.base import EGRESS_PORT
+from ..tasks import Task
+from .errors import BadEgressSetting
+from .rules import DEFAULT_INTERCEPT_HOSTS, valid_pattern
 
 BUNDLE_NAME = "egress-ca.pem"
 """The combined CA bundle, written beside the proxy socket (mounted read-only inside)."""

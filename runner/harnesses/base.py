@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
-    from rolltap.runner.tasks import Task
+    from ..tasks import Task
 
 Dialect = Literal["chat", "responses", "messages"]
 """The LLM API a harness speaks: Chat Completions, OpenAI Responses or Anthropic Messages."""

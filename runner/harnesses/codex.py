@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rolltap.runner.harnesses.base import (
+from .base import (
     Dialect,
     Ending,
     HarnessExit,
@@ -17,7 +17,7 @@ from rolltap.runner.harnesses.base import (
     exit_outcome,
     redact,
 )
-from rolltap.runner.harnesses.events import json_events
+from .events import json_events
 
 KEY_VAR = "ROLLTAP_API_KEY"
 

@@ -12,8 +12,9 @@ import shutil
 from pathlib import Path
 
 import rolltap.harness_images
-from rolltap.runner.harnesses.base import Harness
-from rolltap.runner.harnesses.errors import HarnessError
+
+from .base import Harness
+from .errors import HarnessError
 
 IMAGES_DIR = Path(rolltap.harness_images.__file__).parent
 

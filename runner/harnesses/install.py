@@ -22,14 +22,8 @@ from pathlib import Path, PurePosixPath
 
 import platformdirs
 
-from rolltap.runner.harnesses.base import (
-    BuiltIn,
-    Harness,
-    Installation,
-    NpmPackages,
-    PythonPackages,
-)
-from rolltap.runner.harnesses.errors import InstallFailed, NotInstalled
+from .base import BuiltIn, Harness, Installation, NpmPackages, PythonPackages
+from .errors import InstallFailed, NotInstalled
 
 MANIFEST = "rolltap-install.json"
 IMAGE_ROOT = PurePosixPath("/opt/rolltap/harnesses")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rolltap.runner.harnesses.base import (
+from .base import (
     Dialect,
     Ending,
     HarnessExit,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rolltap.runner.harnesses.base import (
+from .base import (
     Dialect,
     Ending,
     HarnessExit,
@@ -18,7 +18,7 @@ from rolltap.runner.harnesses.base import (
     exit_outcome,
     redact,
 )
-from rolltap.runner.harnesses.events import json_events
+from .events import json_events
 
 KEY_VAR = "ROLLTAP_API_KEY"
 PROVIDER = "rolltap"

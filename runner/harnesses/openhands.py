@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rolltap.runner.harnesses.base import (
+from .base import (
     Dialect,
     Ending,
     HarnessExit,
@@ -15,7 +15,7 @@ from rolltap.runner.harnesses.base import (
     exit_outcome,
     redact,
 )
-from rolltap.runner.harnesses.events import json_events
+from .events import json_events
 
 
 class OpenHands:

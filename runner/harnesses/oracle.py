@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from rolltap import __version__
-from rolltap.runner.harnesses.base import (
+
+from ..summary import BatchSummary, TaskSummary
+from .base import (
     BuiltIn,
     Dialect,
     HarnessExit,
@@ -31,7 +33,6 @@ from rolltap.runner.harnesses.base import (
     base_env,
     exit_outcome,
 )
-from rolltap.runner.summary import BatchSummary, TaskSummary
 
 SOLUTION = PurePosixPath("/solution")
 NAME = "oracle"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rolltap.runner.harnesses.base import (
+from .base import (
     Dialect,
     Ending,
     HarnessExit,
@@ -17,7 +17,7 @@ from rolltap.runner.harnesses.base import (
     exit_outcome,
     redact,
 )
-from rolltap.runner.harnesses.events import last_event
+from .events import last_event
 
 _LIMIT_EXITS = {53: "max session turns", 55: "max wall time or tool calls"}
 """qwen's exit statuses when --max-session-turns, --max-wall-time or --max-tool-calls stop it."""

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from rolltap.runner.harnesses.base import Harness
-from rolltap.runner.harnesses.claude_code import ClaudeCode
-from rolltap.runner.harnesses.codex import Codex
-from rolltap.runner.harnesses.errors import UnknownHarness
-from rolltap.runner.harnesses.mini_swe_agent import MiniSweAgent
-from rolltap.runner.harnesses.opencode import OpenCode
-from rolltap.runner.harnesses.openhands import OpenHands
-from rolltap.runner.harnesses.oracle import Oracle
-from rolltap.runner.harnesses.qwen_code import QwenCode
-from rolltap.runner.harnesses.single_call import SingleCall
+from .base import Harness
+from .claude_code import ClaudeCode
+from .codex import Codex
+from .errors import UnknownHarness
+from .mini_swe_agent import MiniSweAgent
+from .opencode import OpenCode
+from .openhands import OpenHands
+from .oracle import Oracle
+from .qwen_code import QwenCode
+from .single_call import SingleCall
 
 
 def adapters() -> dict[str, Harness]:

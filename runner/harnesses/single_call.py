@@ -9,7 +9,8 @@ there is nothing to install and no harness image.
 from __future__ import annotations
 
 from rolltap import __version__
-from rolltap.runner.harnesses.base import (
+
+from .base import (
     BuiltIn,
     Dialect,
     Ending,

@@ -7,7 +7,7 @@ rollout's proxy in the dialect of `ROLLTAP_STEP_DIALECT` (chat, responses or mes
 runs COMMAND with bash, prints its output and exits with its status; the next step sends that
 output back as the call's tool result. The oracle's proxy serves no model and refuses every
 call, but records it, request body included: what a scripted exploit ran is in the record as
-a real harness's commands would be, for the reward-hack detectors (store/hacks.py).
+a real harness's commands would be, for the reward-hack detectors (analysis/hacks.py).
 
 The conversation is kept in `ROLLTAP_STEP_STATE` (default: $HOME/.rolltap-steps.json).
 """

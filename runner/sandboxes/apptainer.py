@@ -27,21 +27,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import (
-    INSIDE_FORWARDER,
-    INSIDE_PROXY_DIR,
-    SandboxSpec,
-)
-from rolltap.runner.sandboxes.errors import ImageBuildError, SandboxStartError, SandboxUnavailable
-from rolltap.runner.sandboxes.identity import SandboxUser, sandbox_user
-from rolltap.runner.sandboxes.mirror import MountSources
-from rolltap.runner.sandboxes.workspace import (
-    HOME,
-    Workspace,
-    create_workspace,
-    sweep_workspaces,
-)
-from rolltap.runner.sandboxes.wrapped import Wrap, WrappedSandbox, check_mounts, support_dir
+from .base import INSIDE_FORWARDER, INSIDE_PROXY_DIR, SandboxSpec
+from .errors import ImageBuildError, SandboxStartError, SandboxUnavailable
+from .identity import SandboxUser, sandbox_user
+from .mirror import MountSources
+from .workspace import HOME, Workspace, create_workspace, sweep_workspaces
+from .wrapped import Wrap, WrappedSandbox, check_mounts, support_dir
 
 
 class ApptainerProvider:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from rolltap.runner.tasks import Task
+from ..tasks import Task
 
 __all__ = [
     "FORWARDER",

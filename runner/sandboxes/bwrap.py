@@ -33,26 +33,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import (
-    INSIDE_FORWARDER,
-    INSIDE_PROXY_DIR,
-    SandboxSpec,
-)
-from rolltap.runner.sandboxes.errors import (
-    ImageBuildError,
-    SandboxStartError,
-    SandboxUnavailable,
-)
-from rolltap.runner.sandboxes.identity import SandboxUser, sandbox_user
-from rolltap.runner.sandboxes.mirror import MountSources
-from rolltap.runner.sandboxes.workspace import (
-    Workspace,
-    create_workspace,
-    hand_over,
-    remove_workspace,
-    sweep_workspaces,
-)
-from rolltap.runner.sandboxes.wrapped import Wrap, WrappedSandbox, check_mounts, support_dir
+from .base import INSIDE_FORWARDER, INSIDE_PROXY_DIR, SandboxSpec
+from .errors import ImageBuildError, SandboxStartError, SandboxUnavailable
+from .identity import SandboxUser, sandbox_user
+from .mirror import MountSources
+from .workspace import Workspace, create_workspace, hand_over, remove_workspace, sweep_workspaces
+from .wrapped import Wrap, WrappedSandbox, check_mounts, support_dir
 
 HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Provided fresh (or from the workspace) instead of taken from a rootfs.

@@ -51,7 +51,8 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 
-from rolltap.runner.sandboxes.base import (
+from ..tasks import Task
+from .base import (
     FORWARDER,
     INSIDE_FORWARDER,
     INSIDE_PROXY_DIR,
@@ -62,15 +63,9 @@ from rolltap.runner.sandboxes.base import (
     SandboxSpec,
     command_argv,
 )
-from rolltap.runner.sandboxes.docker_copy import (
-    chown_tree,
-    get_path,
-    put_bytes,
-    put_dir_entry,
-    put_path,
-)
-from rolltap.runner.sandboxes.docker_exec import ContainerExec
-from rolltap.runner.sandboxes.docker_images import (
+from .docker_copy import chown_tree, get_path, put_bytes, put_dir_entry, put_path
+from .docker_exec import ContainerExec
+from .docker_images import (
     HARNESS_BUILD_TIMEOUT,
     build_image,
     ensure_image,
@@ -79,7 +74,7 @@ from rolltap.runner.sandboxes.docker_images import (
     image_id,
     task_tag,
 )
-from rolltap.runner.sandboxes.errors import (
+from .errors import (
     ImageBuildError,
     SandboxCopyError,
     SandboxError,
@@ -87,10 +82,9 @@ from rolltap.runner.sandboxes.errors import (
     SandboxStartError,
     SandboxUnavailable,
 )
-from rolltap.runner.sandboxes.identity import DEFAULT_SANDBOX_ID
-from rolltap.runner.sandboxes.workspace import HOME, label, normalize
-from rolltap.runner.sandboxes.wrapped import egress_args
-from rolltap.runner.tasks import Task
+from .identity import DEFAULT_SANDBOX_ID
+from .workspace import HOME, label, normalize
+from .wrapped import egress_args
 
 T = TypeVar("T")
 

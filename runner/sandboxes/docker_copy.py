@@ -14,7 +14,7 @@ from typing import IO
 import docker
 import docker.errors
 
-from rolltap.runner.sandboxes.errors import SandboxCopyError
+from .errors import SandboxCopyError
 
 
 def put_bytes(api: docker.APIClient, container_id: str, data: bytes, inside: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import docker
 from docker.utils.socket import frames_iter
 
-from rolltap.runner.sandboxes.base import TIMEOUT_EXIT_CODE
+from .base import TIMEOUT_EXIT_CODE
 
 EXEC_MARKER = "ROLLTAP_EXEC"
 """Set to a fresh token in each command's environment; its descendants inherit it."""

@@ -11,8 +11,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from rolltap.runner.sandboxes.errors import ImageBuildError
-from rolltap.runner.sandboxes.workspace import label
+from .errors import ImageBuildError
+from .workspace import label
 
 HARNESS_BUILD_TIMEOUT = 1800.0
 """Installing a harness (pip or npm) into an image can take minutes on a cold cache."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rolltap.runner.sandboxes.apptainer import ApptainerProvider
-from rolltap.runner.sandboxes.base import SandboxProvider
-from rolltap.runner.sandboxes.bwrap import BwrapProvider
-from rolltap.runner.sandboxes.docker import DockerProvider
-from rolltap.runner.sandboxes.local import LocalProvider
+from .apptainer import ApptainerProvider
+from .base import SandboxProvider
+from .bwrap import BwrapProvider
+from .docker import DockerProvider
+from .local import LocalProvider
 
 KINDS = ("local", "bwrap", "docker", "apptainer")
 

@@ -29,11 +29,11 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import Command, ExecResult, Mount, SandboxSpec, command_argv
-from rolltap.runner.sandboxes.errors import SandboxExecError
-from rolltap.runner.sandboxes.forwarder import BACKLOG, serve
-from rolltap.runner.sandboxes.process import run_process
-from rolltap.runner.sandboxes.workspace import (
+from .base import Command, ExecResult, Mount, SandboxSpec, command_argv
+from .errors import SandboxExecError
+from .forwarder import BACKLOG, serve
+from .process import run_process
+from .workspace import (
     HOME,
     Workspace,
     copy_in,

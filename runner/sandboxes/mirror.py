@@ -23,9 +23,9 @@ import shutil
 import time
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import Mount
-from rolltap.runner.sandboxes.errors import SandboxStartError
-from rolltap.runner.sandboxes.identity import SandboxUser
+from .base import Mount
+from .errors import SandboxStartError
+from .identity import SandboxUser
 
 MIRROR_ROOT = Path("/var/tmp/rolltap-mirrors")
 """Persistent across runs (/var/tmp), and usually on the filesystem of /root, so hard links

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from rolltap.runner.sandboxes.base import TIMEOUT_EXIT_CODE, ExecResult
-from rolltap.runner.sandboxes.errors import SandboxExecError
-from rolltap.runner.sandboxes.identity import SandboxUser
-from rolltap.runner.sandboxes.reaper import descendants
+from .base import TIMEOUT_EXIT_CODE, ExecResult
+from .errors import SandboxExecError
+from .identity import SandboxUser
+from .reaper import descendants
 
 CHUNK = 1 << 16
 # After the kill, output pipes close once every holder is dead; one that escaped the process

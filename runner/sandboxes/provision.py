@@ -6,9 +6,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import ExecResult, Sandbox
-from rolltap.runner.sandboxes.errors import SetupFailed
-from rolltap.runner.tasks import Task
+from ..tasks import Task
+from .base import ExecResult, Sandbox
+from .errors import SetupFailed
 
 ROOT = "0"
 """Setup and housekeeping run as root, as a Dockerfile's RUN does (where there are users)."""

@@ -16,9 +16,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from rolltap.runner.sandboxes.base import LOG_DIRS, Mount
-from rolltap.runner.sandboxes.errors import SandboxCopyError, SandboxStartError
-from rolltap.runner.sandboxes.identity import SandboxUser
+from .base import LOG_DIRS, Mount
+from .errors import SandboxCopyError, SandboxStartError
+from .identity import SandboxUser
 
 # Writable inside paths besides the workdir: logs, what the runner copies in, temp and HOME.
 WRITABLE_ROOTS = ("/logs", "/tests", "/solution", "/tmp", "/var/tmp", "/root")

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from rolltap.runner.sandboxes.base import (
+from .base import (
     FORWARDER,
     INSIDE_FORWARDER,
     INSIDE_PROXY_DIR,
@@ -21,19 +21,11 @@ from rolltap.runner.sandboxes.base import (
     SandboxSpec,
     command_argv,
 )
-from rolltap.runner.sandboxes.errors import SandboxExecError, SandboxStartError
-from rolltap.runner.sandboxes.etc import build_etc
-from rolltap.runner.sandboxes.identity import SandboxUser
-from rolltap.runner.sandboxes.process import run_process
-from rolltap.runner.sandboxes.workspace import (
-    HOME,
-    Workspace,
-    copy_in,
-    copy_out,
-    fresh_dir,
-    locate,
-    remove_workspace,
-)
+from .errors import SandboxExecError, SandboxStartError
+from .etc import build_etc
+from .identity import SandboxUser
+from .process import run_process
+from .workspace import HOME, Workspace, copy_in, copy_out, fresh_dir, locate, remove_workspace
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -8,26 +8,14 @@ for), `scheduler` (groups, dynamic sampling, early stop), `executor` (where a ro
 idempotency), `routes` (HTTP), `clock` (policy versions, for staleness).
 """
 
-from rolltap.proxy.staleness import StalePolicy
-from rolltap.runner.service.batch import Batch, BatchStatus
-from rolltap.runner.service.clock import GateClock, PolicyClock, RemoteClock, VersionClock
-from rolltap.runner.service.embedded import RunnerSettings, extension, service_for
-from rolltap.runner.service.executor import (
-    ExecutorFactory,
-    LocalHost,
-    RolloutExecutor,
-    local_executors,
-)
-from rolltap.runner.service.routes import SERVICE, mount
-from rolltap.runner.service.service import Service
-from rolltap.runner.service.spec import (
-    BatchSpec,
-    Keep,
-    PoolSizes,
-    ServiceLimits,
-    SpecError,
-    parse_spec,
-)
+from ...proxy.control.staleness import StalePolicy
+from .batch import Batch, BatchStatus
+from .clock import GateClock, PolicyClock, RemoteClock, VersionClock
+from .embedded import RunnerSettings, extension, service_for
+from .executor import ExecutorFactory, LocalHost, RolloutExecutor, local_executors
+from .routes import SERVICE, mount
+from .service import Service
+from .spec import BatchSpec, Keep, PoolSizes, ServiceLimits, SpecError, parse_spec
 
 __all__ = [
     "SERVICE",

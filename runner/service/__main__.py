@@ -11,10 +11,10 @@ from pathlib import Path
 
 import platformdirs
 
-from rolltap.runner.sandboxes.kinds import KINDS
-from rolltap.runner.service.spec import ServiceLimits
-from rolltap.runner.service.standalone import StandaloneSettings, serve
-from rolltap.store import Store, StoreError
+from ...store import Store, StoreError
+from ..sandboxes.kinds import KINDS
+from .spec import ServiceLimits
+from .standalone import StandaloneSettings, serve
 
 
 def main() -> None:

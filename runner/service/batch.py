@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rolltap.runner.service.events import EventLog
-from rolltap.runner.service.groups import GroupRecord, RecentGroups
-from rolltap.runner.service.spec import BatchSpec, describe
+from .events import EventLog
+from .groups import GroupRecord, RecentGroups
+from .spec import BatchSpec, describe
 
 
 class BatchStatus(enum.StrEnum):

@@ -1,8 +1,9 @@
 """The policy's version clock as the rollout service reads it: how stale a sample is.
 
 Staleness counts weight updates: a sample whose oldest call was sampled with the version
-committed at epoch e is `epoch - e` versions old (see rolltap.proxy.gate). In `serve --runner`
-the clock is the proxy's own gate; a service running as its own process reads the proxy's
+committed at epoch e is `epoch - e` versions old (see rolltap.proxy.control.gate). In
+`serve --runner` the clock is the proxy's own gate; a service running as its own process reads the
+proxy's
 GET /v1/weights.
 """
 
@@ -14,7 +15,7 @@ from typing import Protocol
 
 import aiohttp
 
-from rolltap.proxy.gate import Gate
+from ...proxy.control.gate import Gate
 
 
 @dataclass(frozen=True)

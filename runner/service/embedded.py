@@ -14,16 +14,16 @@ import aiohttp
 import platformdirs
 from aiohttp import web
 
-from rolltap.proxy.context import ProxyContext
-from rolltap.proxy.errors import UpstreamUnavailable
-from rolltap.runner.egress import EgressSettings
-from rolltap.runner.harnesses import Harness, Installation, adapters, builtins
-from rolltap.runner.rollout import Pools
-from rolltap.runner.service.clock import GateClock
-from rolltap.runner.service.executor import LocalHost, ProviderOpener, local_executors
-from rolltap.runner.service.routes import mount
-from rolltap.runner.service.service import Service
-from rolltap.runner.service.spec import PoolSizes, ServiceLimits
+from ...proxy.context import ProxyContext
+from ...proxy.dialects.errors import UpstreamUnavailable
+from ..egress import EgressSettings
+from ..harnesses import Harness, Installation, adapters, builtins
+from ..rollout import Pools
+from .clock import GateClock
+from .executor import LocalHost, ProviderOpener, local_executors
+from .routes import mount
+from .service import Service
+from .spec import PoolSizes, ServiceLimits
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def service_for(ctx: ProxyContext, settings: RunnerSettings) -> Service:
     )
     executors = local_executors(host)
     if settings.ray_address is not None:
-        from rolltap.runner.cluster.service import ray_executors  # the optional rolltap[ray]
+        from ..cluster.service import ray_executors  # the optional rolltap[ray]
 
         executors = ray_executors(ctx, settings.ray_address, model.name)
     return Service(

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from rolltap.runner.egress import EgressMode, EgressSettings, egress_gate
-from rolltap.runner.harnesses import (
+from ...store import Store
+from ..egress import EgressMode, EgressSettings, egress_gate
+from ..harnesses import (
     Harness,
     Installation,
     NotInstalled,
@@ -25,22 +26,14 @@ from rolltap.runner.harnesses import (
     install,
     installation,
 )
-from rolltap.runner.harnesses.base import BuiltIn
-from rolltap.runner.harnesses.images import build_context, host_ca_bundle
-from rolltap.runner.plan import Planned
-from rolltap.runner.provenance import harness_metadata
-from rolltap.runner.rollout import (
-    BatchProgress,
-    BuildsHarnessImages,
-    Pools,
-    RolloutResult,
-    Shared,
-    run_rollout,
-)
-from rolltap.runner.sandboxes.base import SandboxProvider
-from rolltap.runner.sandboxes.kinds import make_provider
-from rolltap.runner.service.spec import BatchSpec
-from rolltap.store import Store
+from ..harnesses.base import BuiltIn
+from ..harnesses.images import build_context, host_ca_bundle
+from ..plan import Planned
+from ..provenance import harness_metadata
+from ..rollout import BatchProgress, BuildsHarnessImages, Pools, RolloutResult, Shared, run_rollout
+from ..sandboxes.base import SandboxProvider
+from ..sandboxes.kinds import make_provider
+from .spec import BatchSpec
 
 
 class RolloutExecutor(Protocol):

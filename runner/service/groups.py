@@ -3,7 +3,8 @@
 A group is informative when its rewards are not all equal (GRPO's advantages are zero
 otherwise); a sample without a reward (its verifier never ran) counts as 0 there and is shown
 with reward null. A sample is stale when its oldest call is more than `max_staleness` weight
-updates old, now or when the proxy checked it at a dispatch (proxy/staleness.py: meta["stale"]);
+updates old, now or when the proxy checked it at a dispatch (proxy/control/staleness.py:
+meta["stale"]);
 `stale: "drop"` drops its whole group (a group must be compared within itself), `"flag"` and
 `"relaunch"` keep it with the samples marked. A relaunched sample is its new attempt, judged on
 its own calls: the attempt the proxy stopped is not in the group. A sample the reward-hack
@@ -20,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from rolltap import wire
-from rolltap.proxy.staleness import StalePolicy, stale_mark
-from rolltap.runner.plan import RELAUNCH_OF
-from rolltap.runner.service.clock import VersionClock
-from rolltap.runner.service.spec import BatchSpec, Keep, OnHack
-from rolltap.store import RolloutView, Store
-from rolltap.store.steps import version_range
-from rolltap.store.trajectory import RolloutTrajectories, Trajectory
+
+from ...analysis.steps import version_range
+from ...analysis.trajectory import RolloutTrajectories, Trajectory
+from ...proxy.control.staleness import StalePolicy, stale_mark
+from ...store import RolloutView, Store
+from ..plan import RELAUNCH_OF
+from .clock import VersionClock
+from .spec import BatchSpec, Keep, OnHack
 
 DROPPED_UNINFORMATIVE = "uninformative"
 DROPPED_STALE = "stale"

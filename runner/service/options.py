@@ -7,15 +7,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from rolltap.proxy.app import Extension
-from rolltap.proxy.backends import parse_backend
-from rolltap.proxy.context import ProxySettings
-from rolltap.proxy.routed import refusal
-from rolltap.runner.egress import EgressSettings
-from rolltap.runner.sandboxes.identity import sandbox_user
-from rolltap.runner.sandboxes.kinds import KINDS
-from rolltap.runner.service.embedded import RunnerSettings, extension
-from rolltap.runner.service.spec import PoolSizes, ServiceLimits
+from ...proxy.app import Extension
+from ...proxy.context import ProxySettings
+from ...proxy.upstream.backends import parse_backend
+from ...proxy.upstream.routed import refusal
+from ..egress import EgressSettings
+from ..sandboxes.identity import sandbox_user
+from ..sandboxes.kinds import KINDS
+from .embedded import RunnerSettings, extension
+from .spec import PoolSizes, ServiceLimits
 
 
 def runner_extension(

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from rolltap.runner.service.batch import Batch
-from rolltap.runner.service.spec import SpecError
+from .batch import Batch
+from .spec import SpecError
 
 MAX_METRICS = 200
 MAX_NAME = 100

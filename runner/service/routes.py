@@ -25,14 +25,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolltap.proxy.errors import BadRequest, Conflict, NotFoundError
-from rolltap.runner.service.batch import Batch
-from rolltap.runner.service.events import Event, EventKind
-from rolltap.runner.service.groups import GroupRecord, group_message
-from rolltap.runner.service.posted import parse_posted
-from rolltap.runner.service.service import BatchConflict, Service, UnknownBatch
-from rolltap.runner.service.spec import SpecError
 from rolltap.wire import ENCODINGS
+
+from ...proxy.dialects.errors import BadRequest, Conflict, NotFoundError
+from .batch import Batch
+from .events import Event, EventKind
+from .groups import GroupRecord, group_message
+from .posted import parse_posted
+from .service import BatchConflict, Service, UnknownBatch
+from .spec import SpecError
 
 SERVICE = web.AppKey("rolltap_rollout_service", Service)
 

@@ -9,7 +9,7 @@ row marked cancelled, nothing recorded deleted. A group completes when all its s
 finished; it is judged (informative, stale) and recorded as a kept or dropped event.
 
 With `max_staleness`, the bound goes into each rollout's meta and the proxy holds it as it
-dispatches the rollout's calls (proxy/staleness.py). An attempt the proxy stopped for
+dispatches the rollout's calls (proxy/control/staleness.py). An attempt the proxy stopped for
 `stale: "relaunch"` is followed here by a new attempt of the same sample, which starts on the
 weights then in force; it takes the old attempt's place in the group.
 """
@@ -23,18 +23,18 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from rolltap.proxy.staleness import BOUND, StaleBound, StalePolicy, ended_stale
-from rolltap.runner.plan import Budget, Planned, plan, relaunch
-from rolltap.runner.rollout import RolloutResult
-from rolltap.runner.service.batch import Batch, BatchStatus
-from rolltap.runner.service.clock import PolicyClock
-from rolltap.runner.service.events import EventKind
-from rolltap.runner.service.executor import RolloutExecutor
-from rolltap.runner.service.groups import dropped_message, judge
-from rolltap.runner.tasks import Task
-from rolltap.store import RolloutStatus, Store
-from rolltap.store.lifecycle import OPEN
-from rolltap.store.store import FINAL_STATUSES
+from ...proxy.control.staleness import BOUND, StaleBound, StalePolicy, ended_stale
+from ...store import RolloutStatus, Store
+from ...store.lifecycle import OPEN
+from ...store.store import FINAL_STATUSES
+from ..plan import Budget, Planned, plan, relaunch
+from ..rollout import RolloutResult
+from ..tasks import Task
+from .batch import Batch, BatchStatus
+from .clock import PolicyClock
+from .events import EventKind
+from .executor import RolloutExecutor
+from .groups import dropped_message, judge
 
 log = logging.getLogger("rolltap.runner.service")
 

@@ -16,18 +16,18 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from rolltap.runner.service.batch import Batch, BatchStatus
-from rolltap.runner.service.clock import PolicyClock
-from rolltap.runner.service.events import EventKind
-from rolltap.runner.service.executor import ExecutorFactory
-from rolltap.runner.service.posted import service_record
-from rolltap.runner.service.scheduler import Scheduler
-from rolltap.runner.service.spec import ServiceLimits, SpecError, parse_spec
-from rolltap.runner.summary import current_attempts, summarize
-from rolltap.store import Store, StoreError
-from rolltap.store.ids import new_id
-from rolltap.store.models import MetricsSource
-from rolltap.store.training import PostedMetrics, metrics_of
+from ...store import Store, StoreError
+from ...store.ids import new_id
+from ...store.models import MetricsSource
+from ...store.training import PostedMetrics, metrics_of
+from ..summary import current_attempts, summarize
+from .batch import Batch, BatchStatus
+from .clock import PolicyClock
+from .events import EventKind
+from .executor import ExecutorFactory
+from .posted import service_record
+from .scheduler import Scheduler
+from .spec import ServiceLimits, SpecError, parse_spec
 
 log = logging.getLogger("rolltap.runner.service")
 

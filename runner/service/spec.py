@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 
 import orjson
 
-from rolltap.proxy.sampling import IMPOSABLE
-from rolltap.proxy.staleness import StalePolicy
-from rolltap.runner.egress.rules import valid_pattern
-from rolltap.runner.egress.settings import EgressMode
-from rolltap.runner.tasks import Task, TaskFormatError, load_tasks, parse_jsonl
+from ...proxy.control.staleness import StalePolicy
+from ...proxy.upstream.sampling import IMPOSABLE
+from ..egress.rules import valid_pattern
+from ..egress.settings import EgressMode
+from ..tasks import Task, TaskFormatError, load_tasks, parse_jsonl
 
 BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _FIELDS = {
@@ -75,7 +75,7 @@ class SpecError(ValueError):
 
 
 class OnHack(enum.StrEnum):
-    """What a group does with a sample the reward-hack detectors flagged (store/hacks.py)."""
+    """What a group does with a sample the reward-hack detectors flagged (analysis/hacks.py)."""
 
     FLAG = "flag"
     """Deliver it as it is, its flags on the sample."""
@@ -121,7 +121,8 @@ class ServiceLimits:
     """When set, task paths must lie under it."""
     max_concurrency: int = 64
     routed_experts_refusal: str | None = None
-    """Why this server's engines cannot give routed experts (proxy/routed.py); None: they can,
+    """Why this server's engines cannot give routed experts (proxy/upstream/routed.py); None: they
+    can,
     or it cannot tell (the proxy refuses each call then)."""
 
 
@@ -153,7 +154,7 @@ class BatchSpec:
     egress_allow: tuple[str, ...] = ()
     """Host patterns added to the server's allow-list for this batch's tasks."""
     capture_routed_experts: bool = False
-    """Record each call's routed experts (proxy/routed.py): every rollout asks for them."""
+    """Record each call's routed experts (proxy/upstream/routed.py): every rollout asks for them."""
     id: str | None = None
     fingerprint: str = ""
     """A hash of the request body: a retry with the same id must ask for the same batch."""

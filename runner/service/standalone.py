@@ -20,16 +20,16 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from rolltap.proxy.errors import Unauthorized, UpstreamUnavailable
-from rolltap.proxy.middleware import errors
-from rolltap.runner.harnesses import adapters, builtins
-from rolltap.runner.rollout import Pools
-from rolltap.runner.service.clock import RemoteClock
-from rolltap.runner.service.executor import LocalHost, local_executors
-from rolltap.runner.service.routes import mount
-from rolltap.runner.service.service import Service
-from rolltap.runner.service.spec import ServiceLimits
-from rolltap.store import Store
+from ...proxy.dialects.errors import Unauthorized, UpstreamUnavailable
+from ...proxy.middleware import errors
+from ...store import Store
+from ..harnesses import adapters, builtins
+from ..rollout import Pools
+from .clock import RemoteClock
+from .executor import LocalHost, local_executors
+from .routes import mount
+from .service import Service
+from .spec import ServiceLimits
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PROXY_URL = web.AppKey("rolltap_proxy_url", str)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rolltap.proxy.tokenin.parse import AnswerParser, Delta, thinking_of
+from rolltap.chatformat.parse import AnswerParser, Delta, thinking_of
 from tests.contract import vllm_parsing
 
 CORPUS = Path(__file__).parent / "corpus"

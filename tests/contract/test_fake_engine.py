@@ -99,7 +99,7 @@ async def test_the_fake_answers_as_vllm_does(vllm: None, route: str, stream: boo
 async def test_the_fake_answers_chat_as_sglang_does(sglang: engines.SGLang, stream: bool) -> None:
     protocol = sglang.protocol
     fake = FakeVLLM(script=lambda body: REPLY, sglang=True)
-    # What rolltap asks SGLang for (proxy/engines.py).
+    # What rolltap asks SGLang for (proxy/upstream/engines.py).
     if stream:
         asked = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
         asked["stream_options"] = {"include_usage": True}
@@ -148,7 +148,7 @@ async def test_the_fake_answers_generate_as_sglang_does(
 
 
 async def test_the_fake_lists_its_model_as_vllm_does(vllm: None) -> None:
-    """rolltap reads `max_model_len` from vLLM's model card (proxy/forward.py)."""
+    """rolltap reads `max_model_len` from vLLM's model card (proxy/upstream/forward.py)."""
     from vllm.entrypoints.serve.engine.protocol import ModelList
 
     server = TestServer(FakeVLLM().app())

@@ -49,7 +49,7 @@ IMPOSED = {
     "frequency_penalty": 0.2,
     "repetition_penalty": 1.05,
 }
-"""Everything a batch can impose (proxy/sampling.py IMPOSABLE)."""
+"""Everything a batch can impose (proxy/upstream/sampling.py IMPOSABLE)."""
 
 
 def _script(body: dict[str, Any]) -> Reply:

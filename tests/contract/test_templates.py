@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rolltap.engine.chat import ChatRenderer
+from rolltap.chatformat.template import ChatRenderer
 from rolltap.proxy.tokenin.bridge import Bridges, LocalTemplate, RemoteTemplate
 from tests.support.chats import QWEN3_STYLE, smollm2_tokenizer
 

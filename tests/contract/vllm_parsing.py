@@ -197,7 +197,7 @@ class HarmonyTokenizer:
     not finish), over gpt-oss's own encoding."""
 
     def __init__(self) -> None:
-        from rolltap.proxy.tokenin.harmony import encoding
+        from rolltap.chatformat.harmony import encoding
 
         self._encoding = encoding()
 
@@ -209,7 +209,7 @@ class HarmonyTokenizer:
 
 
 def harmony_ids(text: str) -> list[int]:
-    from rolltap.proxy.tokenin.harmony import encoding
+    from rolltap.chatformat.harmony import encoding
 
     return list(encoding().encode(text, allowed_special="all"))
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rolltap.engine.chat import ChatRenderer, normalize_messages
+from rolltap.chatformat.template import ChatRenderer, normalize_messages
 from rolltap.engine.errors import BadRequest
 
 WEATHER = {

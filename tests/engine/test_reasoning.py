@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolltap.engine.reasoning import ReasoningStream, prompt_opens_reasoning, split_reasoning
+from rolltap.chatformat.reasoning import ReasoningStream, prompt_opens_reasoning, split_reasoning
 
 
 @pytest.mark.parametrize(

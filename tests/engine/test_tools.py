@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rolltap.engine.tools import (
+from rolltap.chatformat.tools import (
     ToolCall,
     ToolCallStream,
     parse_block,

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rolltap.analysis.steps import TurnKind
 from rolltap.store import CallDialect, CallStatus, Store
-from rolltap.store.steps import TurnKind
 from tests.support.fake_vllm import FakeVLLM, Reply, encode
 from tests.support.proxy import OpenAIFactory, fake_engine, running_proxy
 from tests.support.waiting import until

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rolltap.proxy.admin import ExposedWithoutToken, check_exposure
+from rolltap.proxy.control.admin import ExposedWithoutToken, check_exposure
 from rolltap.store import Store
 from tests.support.proxy import fake_engine, running_proxy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
+from rolltap.analysis.hacks import HackFlag
 from rolltap.store import Store
-from rolltap.store.hacks import HackFlag
 from tests.support.proxy import new_rollout, running_proxy
 
 

@@ -16,8 +16,9 @@ import aiohttp
 import orjson
 import pytest
 
+from rolltap.analysis import trajectory
 from rolltap.proxy.context import ProxyContext
-from rolltap.store import NewRollout, Store, trajectory
+from rolltap.store import NewRollout, Store
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
 from tests.support.records import call
 
@@ -104,7 +105,7 @@ class Seen:
 @contextlib.contextmanager
 def assembly_sampler(period: float = 0.001) -> Iterator[Seen]:
     """Look at every thread's stack each `period` seconds from a thread of our own and count
-    where store/trajectory.py's code is running. Unlike timing the loop, this does not depend
+    where analysis/trajectory.py's code is running. Unlike timing the loop, this does not depend
     on how fast the machine is: assembly seen on the loop's thread is the fault itself."""
     seen = Seen()
     loop_thread = threading.get_ident()

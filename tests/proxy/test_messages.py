@@ -14,11 +14,11 @@ import numpy as np
 import orjson
 import pytest
 
-from rolltap.proxy.blocks import Tool
-from rolltap.proxy.dialect import Answer, Ending
-from rolltap.proxy.messages_render import MessagesRenderer
+from rolltap.analysis.turns import Turn, request_turns, response_turns
+from rolltap.proxy.dialects.blocks import Tool
+from rolltap.proxy.dialects.dialect import Answer, Ending
+from rolltap.proxy.dialects.messages_render import MessagesRenderer
 from rolltap.store import CallDialect, CallStatus, Capture, Store
-from rolltap.store.turns import Turn, request_turns, response_turns
 from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, logprob_of, render
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
 

@@ -1,4 +1,5 @@
-"""The relay (proxy/relay.py) in every dialect: a broken or malformed answer ends in the client's
+"""The relay (proxy/upstream/relay.py) in every dialect: a broken or malformed answer ends in the
+client's
 own error shape and is recorded with what was received; a stream ends only once its record is
 durable; a client that leaves stops the engine and is recorded as cancelled."""
 

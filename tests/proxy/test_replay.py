@@ -20,11 +20,11 @@ import anthropic
 import openai
 import pytest
 
-from rolltap.proxy.answer import live_answer
+from rolltap.audit.replay import REPLAYS, REPORT_KEY, Mode, Outcome, ReplayReport, Served
 from rolltap.proxy.replay import VERSION, Cassette
 from rolltap.proxy.server import RunningProxy
+from rolltap.proxy.upstream.answer import live_answer
 from rolltap.store import CallStatus, Capture, Store
-from rolltap.store.replay import REPLAYS, REPORT_KEY, Mode, Outcome, ReplayReport, Served
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
 

@@ -14,8 +14,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from rolltap.proxy.engines import EngineKind
 from rolltap.proxy.server import RunningProxy
+from rolltap.proxy.upstream.engines import EngineKind
 from rolltap.store import Store
 from tests.support.databases import PostgresServer
 from tests.support.fake_vllm import FakeVLLM, Reply

@@ -12,8 +12,8 @@ import numpy as np
 import orjson
 import pytest
 
+from rolltap.analysis.turns import Turn, request_turns, response_turns
 from rolltap.store import CallDialect, CallStatus, Capture, Store
-from rolltap.store.turns import Turn, request_turns, response_turns
 from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, logprob_of, render
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 

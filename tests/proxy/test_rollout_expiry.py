@@ -1,4 +1,4 @@
-"""Rollouts nobody finishes end `expired` once idle (proxy/expiry.py): one made by hand and
+"""Rollouts nobody finishes end `expired` once idle (proxy/control/expiry.py): one made by hand and
 never used, one used and then left; a batch's rollout and one still calling stay as they are."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """MoE routing replay (R3): with --capture-routed-experts the proxy asks each engine for the
-experts every token was routed to, in its own wire format (proxy/routed.py), stores exactly what
+experts every token was routed to, in its own wire format (proxy/upstream/routed.py), stores
+exactly what
 it sent, hides it from the client, and says so when the engine sent none."""
 
 from __future__ import annotations
@@ -298,8 +299,8 @@ async def test_token_in_rollout_trajectory_parquet_and_atif_carry_aligned_routin
     assert t.routed_experts.shape[0] == len(ids) - 1
     assert np.array_equal(t.routed_experts, _expected(ids[:1], ids[1:], sglang))
 
-    from rolltap.store.atif import rollout_atif
-    from rolltap.store.export import open_writer, write_all
+    from rolltap.export.atif import rollout_atif
+    from rolltap.export.export import open_writer, write_all
     from tests.support.atif_spec import check
 
     path = tmp_path / "r3.parquet"

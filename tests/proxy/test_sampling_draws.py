@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from rolltap.proxy.sampling import cache_salt, derived_seed
+from rolltap.proxy.upstream.sampling import cache_salt, derived_seed
 from rolltap.store import Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
@@ -83,7 +83,7 @@ async def test_a_batch_seed_becomes_one_seed_per_sample_and_call(
 
 
 def test_the_derivation_is_the_documented_function() -> None:
-    # BLAKE2b-64 of the fields joined by 0x1f, its first 31 bits (proxy/sampling.py).
+    # BLAKE2b-64 of the fields joined by 0x1f, its first 31 bits (proxy/upstream/sampling.py).
     import hashlib
 
     material = "\x1f".join(["rolltap-seed-1", "7", "t", "2", "5", "0"]).encode()

@@ -1,4 +1,4 @@
-"""Fuzz the byte-level stripping (proxy/strip.py) against a reference built with orjson.
+"""Fuzz the byte-level stripping (proxy/dialects/strip.py) against a reference built with orjson.
 
 The reference parses the engine's answer, drops what rolltap added (root `prompt_token_ids`; per
 choice `token_ids`, `prompt_token_ids`, `response_token_ids`, SGLang's `meta_info`; logprobs
@@ -28,7 +28,7 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rolltap.proxy.strip import Extras, strip, strip_chunk
+from rolltap.proxy.dialects.strip import Extras, strip, strip_chunk
 
 RESERVED = {
     "prompt_token_ids",

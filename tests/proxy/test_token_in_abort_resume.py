@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rolltap.analysis.steps import TurnKind
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import CallStatus, Store
-from rolltap.store.steps import TurnKind
 from tests.support.fake_vllm import FakeVLLM, Reply, decode, encode, generated
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 from tests.support.streams import add_call_deltas

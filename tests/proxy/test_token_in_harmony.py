@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rolltap.proxy.tokenin.parse import AnswerParser, Delta, parse_whole
+from rolltap.chatformat.parse import AnswerParser, Delta, parse_whole
 from tests.contract import harmony_vocab
 
 pytest.importorskip("openai_harmony", reason="openai-harmony (rolltap[harmony]) is not installed")
@@ -29,7 +29,7 @@ def ids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[int]]:
     reason = harmony_vocab.install(Path(tmp_path_factory.mktemp("o200k")))
     if reason is not None:
         pytest.skip(reason)
-    from rolltap.proxy.tokenin.harmony import encoding
+    from rolltap.chatformat.harmony import encoding
 
     return {t: encoding().encode(t, allowed_special="all") for t in (CALL, FINAL)}
 
@@ -60,7 +60,7 @@ def test_a_harmony_answer_reads_the_same_whole_and_token_by_token(
 
 
 def test_a_call_with_broken_json_is_recorded_malformed(ids: dict[str, list[int]]) -> None:
-    from rolltap.proxy.tokenin.harmony import encoding
+    from rolltap.chatformat.harmony import encoding
 
     broken = CALL.replace('{"city": "Paris"}', '{"city": }')
     parser = AnswerParser(None, "openai", [], stream=False)

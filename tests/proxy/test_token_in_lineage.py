@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rolltap.engine.chat import ChatRenderer
+from rolltap.chatformat.template import ChatRenderer
 from rolltap.proxy.tokenin.bridge import Bridges, LocalTemplate
 from rolltap.proxy.tokenin.lineage import (
     ANSWER_DROPPED,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from rolltap.proxy.tokenin.callstream import JsonEcho
-from rolltap.proxy.tokenin.parse import AnswerParser, Delta, parse_whole
+from rolltap.chatformat.callstream import JsonEcho
+from rolltap.chatformat.parse import AnswerParser, Delta, parse_whole
 
 TOOLS: list[dict[str, Any]] = [
     {

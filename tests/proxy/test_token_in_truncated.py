@@ -17,10 +17,10 @@ import numpy as np
 import openai
 import pytest
 
+from rolltap.analysis.bridging import Bridging
 from rolltap.engine.launch import EngineProcess
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
-from rolltap.store.bridging import Bridging
 from tests.support.chats import smollm2_tokenizer
 from tests.support.fake_vllm import IM_END, IM_START, FakeVLLM, Reply, encode
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy

@@ -14,14 +14,14 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
+from rolltap.analysis.toolparse import ToolParsing
+from rolltap.chatformat.parse import AnswerParser, parse_whole
+from rolltap.chatformat.tools import ToolCallStream
 from rolltap.cli.main import cli
 from rolltap.engine.choices import ChatChoice
 from rolltap.engine.generation import TokenEvent
-from rolltap.engine.tools import ToolCallStream
 from rolltap.proxy.tokenin.options import TokenInOptions
-from rolltap.proxy.tokenin.parse import AnswerParser, parse_whole
 from rolltap.store import NewRollout, Store
-from rolltap.store.toolparse import ToolParsing
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 from tests.support.records import call

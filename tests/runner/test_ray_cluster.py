@@ -21,8 +21,8 @@ import orjson
 import psutil
 import pytest
 
-from rolltap.proxy.sampling import derived_seed
 from rolltap.proxy.tokenin.options import TokenInOptions
+from rolltap.proxy.upstream.sampling import derived_seed
 from rolltap.runner.cluster.batch import run_batch_on_ray
 from rolltap.runner.cluster.node import NODE
 from rolltap.runner.sandboxes.docker import BASE_IMAGE

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from rolltap.audit.replay import REPLAY_OF, REPLAYS, Mode, Outcome, Served
 from rolltap.engine.launch import EngineProcess
 from rolltap.runner import run_batch
 from rolltap.runner.harnesses import Harness, Installation, NotInstalled, adapter, installation
@@ -31,7 +32,6 @@ from rolltap.runner.replay import Replayed, replay_rollout
 from rolltap.runner.sandboxes.base import SandboxProvider
 from rolltap.runner.tasks import Task, load_tasks
 from rolltap.store import RolloutStatus, Store
-from rolltap.store.replay import REPLAY_OF, REPLAYS, Mode, Outcome, Served
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
 from tests.support.sandboxes import provider_of

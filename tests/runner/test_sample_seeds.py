@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from rolltap.engine.launch import EngineProcess
-from rolltap.proxy.sampling import derived_seed
+from rolltap.proxy.upstream.sampling import derived_seed
 from rolltap.runner import run_batch
 from rolltap.runner.tasks import load_tasks
 from rolltap.store import Store

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from rolltap.client import Batch, Dropped, Group, ServiceError
-from rolltap.proxy.sampling import derived_seed
+from rolltap.proxy.upstream.sampling import derived_seed
 from rolltap.store import RolloutStatus, Store
 from tests.support.fake_vllm import FakeVLLM, Reply, decode
 from tests.support.proxy import fake_engine

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rolltap.proxy.routed import DENSE
+from rolltap.proxy.upstream.routed import DENSE
 from rolltap.runner.service import ServiceLimits, SpecError, parse_spec
 from rolltap.store import Store
 from rolltap.trainers import to_slime

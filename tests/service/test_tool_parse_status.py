@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rolltap.proxy.gate import Gate
+from rolltap.proxy.control.gate import Gate
 from rolltap.runner.service.batch import Batch
 from rolltap.runner.service.clock import GateClock
 from rolltap.runner.service.service import Service

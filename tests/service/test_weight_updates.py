@@ -9,10 +9,10 @@ import secrets
 import tempfile
 from pathlib import Path
 
+from rolltap.analysis.steps import TurnKind
 from rolltap.client import Dropped, Group
 from rolltap.runner.sandboxes.workspace import label
 from rolltap.store import CallStatus, Store
-from rolltap.store.steps import TurnKind
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
 from tests.support.service import RunningService, running_service

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from rolltap.cli.main import cli
+from rolltap.export.atif import SCHEMA_VERSION, rollout_atif
 from rolltap.store import Store
-from rolltap.store.atif import SCHEMA_VERSION, rollout_atif
 from tests.support import atif_spec
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine, new_rollout, running_proxy

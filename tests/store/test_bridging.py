@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rolltap.store.bridging import Bridging
+from rolltap.analysis.bridging import Bridging
 
 
 def test_first_turns_and_dropped_answers_start_chains_the_rest_break_them() -> None:

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rolltap.analysis.detokenizer import EngineDetokenizer, HFDetokenizer
+from rolltap.analysis.drift import Detokenizer
+from rolltap.analysis.trajectory import RolloutTrajectories
+from rolltap.analysis.turns import ToolCall, Turn, request_turns, response_turns
 from rolltap.store import NewRollout, Store
-from rolltap.store.detokenizer import EngineDetokenizer, HFDetokenizer
-from rolltap.store.drift import Detokenizer
 from rolltap.store.models import CallDialect, DriftClass, LinkKind
-from rolltap.store.trajectory import RolloutTrajectories
-from rolltap.store.turns import ToolCall, Turn, request_turns, response_turns
 from tests.support.chats import QWEN3_STYLE, Recorder, Renderer, smollm2_gguf, smollm2_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}

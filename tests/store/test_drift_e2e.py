@@ -31,16 +31,16 @@ from click.testing import CliRunner
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 
 import rolltap.store
+from rolltap.analysis.detokenizer import EngineDetokenizer, HFDetokenizer
+from rolltap.analysis.drift import Drift
+from rolltap.analysis.segments import SegmentRole
+from rolltap.analysis.trajectory import RolloutTrajectories, SegmentLink, Trajectory
 from rolltap.cli.export import export
 from rolltap.engine.launch import EngineProcess
 from rolltap.engine.model import default_gguf_path
 from rolltap.proxy.server import RunningProxy
 from rolltap.store import CallStatus, RolloutStatus, Store
-from rolltap.store.detokenizer import EngineDetokenizer, HFDetokenizer
-from rolltap.store.drift import Drift
 from rolltap.store.models import DriftClass, LinkKind
-from rolltap.store.segments import SegmentRole
-from rolltap.store.trajectory import RolloutTrajectories, SegmentLink, Trajectory
 from tests.support.chats import QWEN3_STYLE
 from tests.support.proxy import OpenAIFactory, new_rollout, running_proxy
 

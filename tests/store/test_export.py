@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 import rolltap.store
 from rolltap.cli.export import export
+from rolltap.export.export import rollout_dict, rollout_trajectory_json
 from rolltap.store import NewRollout, StoreReader
-from rolltap.store.export import rollout_dict, rollout_trajectory_json
 from tests.support.chats import Recorder, Renderer, smollm2_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are terse."}

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from rolltap.store import CallDialect, CallStatus, EgressRecord, EgressVerdict, RolloutStatus
-from rolltap.store.actions import ActionKind, RecordedCall, read_actions
-from rolltap.store.hacks import (
+from rolltap.analysis.actions import ActionKind, RecordedCall, read_actions
+from rolltap.analysis.hacks import (
     DetectorError,
     HackFlag,
     RolloutRecord,
     detect,
     load_detectors,
 )
+from rolltap.analysis.shell import simple_commands
+from rolltap.store import CallDialect, CallStatus, EgressRecord, EgressVerdict, RolloutStatus
 from rolltap.store.records import RolloutView
-from rolltap.store.shell import simple_commands
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 FIX = "5d6ca328fdf8a1b2c3d4e5f60718293a4b5c6d7e"

@@ -10,12 +10,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from rolltap.analysis.hacks import HackFlag, detect, load_detectors
+from rolltap.audit.integrity import IssueKind
+from rolltap.export.atif import rollout_atif
+from rolltap.export.export import open_writer
 from rolltap.store import CallDialect, CallStatus, NewRollout, Store
-from rolltap.store.atif import rollout_atif
 from rolltap.store.chain import GENESIS_HEX, sealed_head
-from rolltap.store.export import open_writer
-from rolltap.store.hacks import HackFlag, detect, load_detectors
-from rolltap.store.integrity import IssueKind
 from tests.support.records import call
 from tests.support.tamper import fetch, tamper
 

@@ -10,9 +10,9 @@ import zlib
 import numpy as np
 import pytest
 
+from rolltap.audit.integrity import IssueKind, RolloutIntegrity
 from rolltap.store import CallStatus, NewRollout, Store
 from rolltap.store.chain import GENESIS_HEX, call_digest, encode, link
-from rolltap.store.integrity import IssueKind, RolloutIntegrity
 from tests.support.records import call
 from tests.support.tamper import fetch, tamper
 

@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rolltap.analysis.segments import Assembly, CallInput, SegmentRole, assemble
 from rolltap.store.delta import common_prefix
 from rolltap.store.models import CallStatus, Capture, LinkKind
 from rolltap.store.records import ChoiceTokens
-from rolltap.store.segments import Assembly, CallInput, SegmentRole, assemble
 
 # A small vocabulary makes accidental prefix matches likely, which is what should be survived.
 token = st.integers(min_value=0, max_value=12)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rolltap.analysis.steps import TurnKind, token_hash
 from rolltap.store import NewRollout, Store
-from rolltap.store.steps import TurnKind, token_hash
 from tests.support.records import call
 
 PROMPT = [1, 5, 6, 7, 2]

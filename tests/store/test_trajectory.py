@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import select
 
 import rolltap.store
+from rolltap.analysis.segments import SegmentRole
+from rolltap.analysis.trajectory import RolloutTrajectories
 from rolltap.store import CallStatus, Capture, NewRollout, Store
 from rolltap.store.models import DriftClass, LinkKind, segment_break_table
-from rolltap.store.segments import SegmentRole
-from rolltap.store.trajectory import RolloutTrajectories
 from tests.support.chats import Recorder, Renderer, smollm2_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. Use tools when needed."}

@@ -14,7 +14,7 @@ without its `logprob`), bad_ids[:<k>] (a token id that is a string), error_event
 chunks, then vLLM's error event and [DONE]).
 
 With `moe` it is a mixture-of-experts model and returns each token's routed experts in the
-engine's own wire format (proxy/routed.py has the sources): vLLM (as if started with
+engine's own wire format (proxy/upstream/routed.py has the sources): vLLM (as if started with
 --enable-return-routed-experts) per choice of a whole chat or completions answer, base64 of a
 `.npy` array (tokens - 1, layers, top-k), never on a stream; SGLang when the request has
 `return_routed_experts`, base64 of flat int32: in a whole chat answer's `choices[].meta_info`

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from rolltap.analysis.trajectory import Trajectory
 from rolltap.engine import gguf_cache
 from rolltap.store import Store
-from rolltap.store.trajectory import Trajectory
 from tests.support.chats import smollm2_gguf
 
 

@@ -14,11 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from click.testing import CliRunner
 
-from rolltap.cli.main import cli
-from rolltap.proxy.admin import ExposedWithoutToken
-from rolltap.store import EgressRecord, EgressVerdict, NewRollout, Store
-from rolltap.store.ids import new_id
-from rolltap.store.replay import (
+from rolltap.audit.replay import (
     REPLAY_OF,
     REPLAYS,
     REPORT_KEY,
@@ -30,6 +26,10 @@ from rolltap.store.replay import (
     ReplayReport,
     Served,
 )
+from rolltap.cli.main import cli
+from rolltap.proxy.control.admin import ExposedWithoutToken
+from rolltap.store import EgressRecord, EgressVerdict, NewRollout, Store
+from rolltap.store.ids import new_id
 from rolltap.ui import UIContext, UISettings, make_app
 from rolltap.ui.auth import COOKIE, check_binding
 from tests.support.audit_rollouts import BATCH, HOSTILE, Made, make_rollouts

@@ -1,0 +1,1 @@
+"""Reading a rollout's record: token chains, drift, turns, steps, actions, reward-hack detectors."""

@@ -1,0 +1,352 @@
+"""Reward hacking, detected from the record: detectors read what a rollout's agent did (its tool
+calls and the results the harness sent back, in every dialect; its egress requests; its timing)
+and flag what earns reward without solving the task.
+
+A detector is anything with a `name` and `check(record) -> list[HackFlag]` (the `Detector`
+Protocol); each flag names the call and the command that raised it. The built-ins live in
+analysis/detectors.py. A user adds their own for a task family by name, in either of two ways:
+
+- a dotted path `package.module:attr` given to `rolltap run --detector` / `rolltap audit hacks
+  --detector` (or `ROLLTAP_DETECTORS`, comma-separated), where `attr` is a detector, a class of
+  them (made with no arguments) or a function returning one or a list;
+- an entry point in the group `rolltap.detectors` of an installed package, loaded the same way
+  and used with the built-ins by default.
+
+What a detector may rely on besides the calls and egress: `record.facts`, what the runner
+learned about the task when it provisioned the workspace (rollout meta["audit"]: the workdir,
+the verifier's paths, the task's upstream and packages, and the git history beyond the base
+commit, runner/guard.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from ..store import compress, egress, queries
+from ..store.models import CallDialect, CallStatus, call_body_table, call_table
+from ..store.records import RolloutView
+from .actions import Action, RecordedCall, read_actions
+
+log = logging.getLogger("rolltap.analysis.hacks")
+
+ENTRY_POINT_GROUP = "rolltap.detectors"
+DETECTORS_VARIABLE = "ROLLTAP_DETECTORS"
+AUDIT_META = "audit"
+"""The rollout meta key the runner records the task's facts under (runner/guard.py)."""
+COMMAND_LIMIT = 300
+"""Characters of a flag's command kept (the call itself holds the rest)."""
+FLAGS_PER_DETECTOR = 20
+
+
+@dataclass(frozen=True)
+class HackFlag:
+    detector: str
+    reason: str
+    """One line: what the agent did that earns reward without solving the task."""
+    call_id: str | None = None
+    """The call that carried it (None: found in egress records or timing alone)."""
+    seq: int | None = None
+    command: str | None = None
+    """The command, path or URL that raised it, as the agent sent it."""
+    source: str = "tool_call"
+    """Where it was seen: tool_call, tool_result, egress or timing."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "detector": self.detector,
+            "reason": self.reason,
+            "call_id": self.call_id,
+            "seq": self.seq,
+            "command": self.command,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HackFlag:
+        seq = data.get("seq")
+        return cls(
+            detector=str(data.get("detector")),
+            reason=str(data.get("reason") or ""),
+            call_id=data.get("call_id"),
+            seq=int(seq) if isinstance(seq, int) else None,
+            command=data.get("command"),
+            source=str(data.get("source") or "tool_call"),
+        )
+
+    def line(self) -> str:
+        """One line for a terminal: where, which detector, why, what."""
+        where = f"seq {self.seq}" if self.seq is not None else self.source
+        command = f": {self.command}" if self.command else ""
+        return f"{self.detector} ({where}) {self.reason}{command}"
+
+
+@dataclass(frozen=True)
+class GitFacts:
+    head: str | None
+    branch: str | None
+    hidden: tuple[str, ...] = ()
+    """Commits (full ids) the base commit cannot reach that the workspace held at provisioning
+    (other branches, tags, reflogs, stashes, unreachable objects), capped (runner/guard.py)."""
+    hidden_refs: tuple[str, ...] = ()
+    """Refs other than HEAD's branch it held (refs/tags/v1.1, refs/remotes/origin/main...)."""
+    remotes: tuple[str, ...] = ()
+    """Remote URLs it held."""
+    pruned: bool = False
+    """Whether they were removed before the agent started."""
+
+
+@dataclass(frozen=True)
+class TaskFacts:
+    workdir: str | None = None
+    protected: tuple[str, ...] = ("/tests", "/logs/verifier")
+    """Absolute paths (or globs) of the verifier's files: its tests and reward files."""
+    upstream: tuple[str, ...] = ()
+    """Where the task's code comes from: `host` or `host/path` prefixes (github.com/acme/x)."""
+    packages: tuple[str, ...] = ()
+    """The code under test, as a package index names it."""
+    agent_timeout: float | None = None
+    run_seconds: float | None = None
+    """How long the harness ran (None before the runner recorded it)."""
+    git: GitFacts | None = None
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> TaskFacts:
+        data = meta.get(AUDIT_META)
+        seconds = meta.get("seconds")
+        run = seconds.get("run") if isinstance(seconds, dict) else None
+        if not isinstance(data, dict):
+            return cls(run_seconds=_float(run))
+        git = data.get("git")
+        return cls(
+            workdir=_str(data.get("workdir")),
+            protected=_strs(data.get("protected")) or cls.protected,
+            upstream=_strs(data.get("upstream")),
+            packages=_strs(data.get("packages")),
+            agent_timeout=_float(data.get("agent_timeout")),
+            run_seconds=_float(run),
+            git=None
+            if not isinstance(git, dict)
+            else GitFacts(
+                head=_str(git.get("head")),
+                branch=_str(git.get("branch")),
+                hidden=_strs(git.get("hidden")),
+                hidden_refs=_strs(git.get("hidden_refs")),
+                remotes=_strs(git.get("remotes")),
+                pruned=bool(git.get("pruned")),
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """What detectors read: the rollout, its calls (bodies included), its egress requests."""
+
+    rollout: RolloutView
+    calls: tuple[RecordedCall, ...] = ()
+    egress: tuple[egress.EgressRecord, ...] = ()
+    facts_override: TaskFacts | None = field(default=None, compare=False)
+
+    @functools.cached_property
+    def actions(self) -> tuple[Action, ...]:
+        """Every distinct action of the agent (analysis/actions.py), in the order first seen."""
+        return tuple(read_actions(self.calls))
+
+    @functools.cached_property
+    def facts(self) -> TaskFacts:
+        return self.facts_override or TaskFacts.of(self.rollout.meta)
+
+    def call(self, call_id: str | None) -> RecordedCall | None:
+        return next((c for c in self.calls if c.id == call_id), None)
+
+
+@runtime_checkable
+class Detector(Protocol):
+    @property
+    def name(self) -> str:
+        """Short, stable, snake_case: it labels flags, metrics and filters."""
+        ...
+
+    def check(self, record: RolloutRecord) -> list[HackFlag]: ...
+
+
+class DetectorError(ValueError):
+    """A detector named by the user that cannot be loaded; the message says why."""
+
+
+def builtin_detectors() -> list[Detector]:
+    from .detectors import BUILTIN
+
+    return [factory() for factory in BUILTIN]
+
+
+def load_detectors(names: Sequence[str] | None = None) -> list[Detector]:
+    """The detectors to run: the built-ins, installed entry points, `ROLLTAP_DETECTORS`, then
+    `names` (built-in names pick among the built-ins; a dotted path `module:attr` adds a user's;
+    `-name` leaves one out). Two detectors with one name are refused."""
+    chosen: dict[str, Detector] = {d.name: d for d in builtin_detectors()}
+    builtin = set(chosen)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = ep.load()
+        except Exception as e:  # a broken plugin is named, not a traceback of the runner
+            raise DetectorError(f"entry point {ep.name} ({ep.value}): {e}") from e
+        for d in _made(loaded, ep.value):
+            _add(chosen, d, ep.value)
+    extra = [n.strip() for n in os.environ.get(DETECTORS_VARIABLE, "").split(",") if n.strip()]
+    only: set[str] = set()
+    for name in [*extra, *(names or ())]:
+        if name.startswith("-"):
+            chosen.pop(name[1:], None)
+            builtin.discard(name[1:])
+        elif ":" in name:
+            for d in _made(_import(name), name):
+                _add(chosen, d, name)
+        elif name in builtin:
+            only.add(name)
+        else:
+            known = ", ".join(sorted(chosen))
+            raise DetectorError(f"no detector {name!r}: known are {known}, or give module:attr")
+    if only:
+        # Naming built-ins picks them: the others are left out (user detectors stay).
+        chosen = {n: d for n, d in chosen.items() if n in only or n not in builtin}
+    return list(chosen.values())
+
+
+def detect(record: RolloutRecord, detectors: Iterable[Detector]) -> list[HackFlag]:
+    """Every flag the detectors raise, in detector order, each command cut to COMMAND_LIMIT."""
+    flags: list[HackFlag] = []
+    for detector in detectors:
+        try:
+            raised = detector.check(record)
+        except Exception:  # one broken plugin must not cost a rollout its record
+            log.exception("detector %s failed on rollout %s", detector.name, record.rollout.id)
+            continue
+        for flag in raised[:FLAGS_PER_DETECTOR]:
+            command = flag.command
+            if command is not None and len(command) > COMMAND_LIMIT:
+                command = command[: COMMAND_LIMIT - 1] + "…"
+            flags.append(replace(flag, detector=detector.name, command=command))
+    return flags
+
+
+def flags_of(stored: Any) -> list[HackFlag] | None:
+    """The flags a rollout row holds (None: never checked)."""
+    if not isinstance(stored, list):
+        return None
+    return [HackFlag.from_dict(f) for f in stored if isinstance(f, dict)]
+
+
+def detectors_of(stored: Any) -> tuple[str, ...] | None:
+    """The detectors that flagged a rollout, sorted (None: never checked; (): clean)."""
+    flags = flags_of(stored)
+    return None if flags is None else tuple(sorted({f.detector for f in flags}))
+
+
+def by_call(stored: Any) -> dict[str, list[dict[str, Any]]]:
+    """A rollout's stored flags grouped by the call each names."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for flag in flags_of(stored) or []:
+        if flag.call_id is not None:
+            grouped.setdefault(flag.call_id, []).append(flag.as_dict())
+    return grouped
+
+
+def as_stored(flags: Iterable[HackFlag | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Flags as the rollout row keeps them (a list of `HackFlag.as_dict()`)."""
+    return [(f if isinstance(f, HackFlag) else HackFlag.from_dict(f)).as_dict() for f in flags]
+
+
+def load_record(conn: Connection, rollout_id: str) -> RolloutRecord:
+    """A rollout's record as detectors read it, from one snapshot (a `db.read` function)."""
+    C, B = call_table, call_body_table
+    view = queries.rollout(conn, rollout_id)
+    rows = conn.execute(
+        select(
+            C.c.id,
+            C.c.seq,
+            C.c.dialect,
+            C.c.status,
+            C.c.received_at,
+            C.c.finished_at,
+            B.c.request,
+            B.c.response,
+        )
+        .outerjoin(B, B.c.call_id == C.c.id)
+        .where(C.c.rollout_id == rollout_id)
+        .order_by(C.c.seq)
+    )
+    calls = tuple(
+        RecordedCall(
+            id=row.id,
+            seq=row.seq,
+            dialect=CallDialect(row.dialect),
+            status=CallStatus(row.status),
+            received_at=row.received_at,
+            finished_at=row.finished_at,
+            request=compress.inflate(row.request),
+            response=compress.inflate(row.response),
+        )
+        for row in rows
+    )
+    return RolloutRecord(view, calls, tuple(egress.records_of(conn, rollout_id)))
+
+
+def _made(loaded: Any, where: str) -> list[Detector]:
+    """Detectors from what a dotted path or entry point names: an instance, a class, or a
+    function returning one or a list."""
+    made = loaded
+    if isinstance(loaded, type) or (callable(loaded) and not isinstance(loaded, Detector)):
+        made = loaded()
+    items = list(made) if isinstance(made, list | tuple) else [made]
+    for item in items:
+        if not isinstance(item, Detector):
+            raise DetectorError(f"{where} is not a detector (it needs `name` and `check`)")
+    return items
+
+
+def _add(chosen: dict[str, Detector], detector: Detector, where: str) -> None:
+    if detector.name in chosen:
+        raise DetectorError(f"{where}: a detector named {detector.name!r} is already loaded")
+    chosen[detector.name] = detector
+
+
+def _import(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise DetectorError(f"{path}: cannot import {module_name}: {e}") from e
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as e:
+            raise DetectorError(f"{path}: {module_name} has no {attr}") from e
+    return target
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(v for v in value if isinstance(v, str) and v)
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+Factory = Callable[[], Detector]

@@ -1,0 +1,527 @@
+"""Training trajectories: each segment of a rollout as token arrays a trainer can use directly.
+
+Reading
+-------
+::
+
+    import rolltap.store
+    with rolltap.store.open("postgresql+asyncpg://rl@db/rolltap") as store:
+        for t in store.trajectories(batch="step-12", status="finished"):
+            t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs, t.reward
+
+One `Trajectory` per segment (a rollout can yield several). A segment is a run of calls whose
+prompts each extend the previous call's prompt plus the tokens it sampled, so:
+
+* ``prompt_ids``: the first call's prompt, exactly as the engine saw it;
+* ``response_ids``: everything after it: the sampled tokens of every merged call and, between
+  them, the tokens the model did not sample (tool results, user turns, template glue);
+* ``loss_mask``: 1 on sampled tokens, 0 elsewhere, aligned with ``response_ids``;
+* ``logprobs``: the engine's logprob of each sampled token, 0.0 where the mask is 0 (NaN where the
+  engine returned none: then ``has_logprobs`` is False).
+
+Every mask-1 token sits in exactly the context it was sampled in. Where a harness broke the chain
+the rollout splits; ``link`` says which earlier segment, call and choice the new segment branched
+from, at which token, and the drift class (see `rolltap.analysis.drift`). Text-only calls, failed
+calls and superseded retries never yield a trajectory.
+
+Versions and steps: ``weight_versions`` holds the policy version of each merged call and
+``min_version``/``max_version`` the oldest and newest of them (a rollout that straddled a weight
+update carries both). ``turns`` spans every answer (the call that sampled it, its version) and
+every observation between two answers (with a stable hash of its tokens, ``observation_hashes``)
+in ``response_ids`` coordinates; ``prompt_hash`` hashes the prompt the same way (see
+`rolltap.analysis.steps`).
+
+Routing replay (R3): ``routed_experts`` holds, for a rollout whose calls captured them, the MoE
+experts each token was routed to: ``n_tokens - 1`` rows aligned with ``prompt_ids`` then
+``response_ids``, from the segment's last call; None when that call has none (see
+`rolltap.store.routed`).
+
+Field names for trainers
+------------------------
+=======================  ==========================  ===================================
+rolltap (and export)     verl ``AgentLoopOutput``    SkyRL ``GeneratorOutput``
+=======================  ==========================  ===================================
+``prompt_ids``           ``prompt_ids``              ``prompt_token_ids``
+``response_ids``         ``response_ids``            ``response_ids``
+``loss_mask``            ``response_mask``           ``loss_masks``
+``logprobs``             ``response_logprobs``       ``rollout_logprobs``
+``reward``               ``reward_score``            ``rewards``
+``rollout_id:segment``   ``request_id``              ``trajectory_ids``
+``task_id`` + ``sample_index``  GRPO group (``uid``)  ``trajectory_ids`` instance / repetition
+=======================  ==========================  ===================================
+
+`Trajectory` also answers to ``prompt_token_ids``, ``rollout_logprobs`` and ``response_mask``.
+The reward is the rollout's; ``role`` (main, side, sibling) lets a trainer decide whether side
+calls (titles, summaries, sub-agents) and ``n > 1`` siblings share it. ``lost_tokens`` counts
+sampled tokens that a later break did not carry over verbatim: they are still exact here (trained
+in their own context), but the harness changed them before the model saw them again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..audit.replay import REPLAY_OF
+from ..store import compress, routed
+from ..store.database import Database
+from ..store.delta import StoredPrompt, rebuild_prompts
+from ..store.models import (
+    CallDialect,
+    CallStatus,
+    Capture,
+    LinkKind,
+    RolloutStatus,
+    call_body_table,
+    call_table,
+    choice_table,
+    rollout_faithfulness_table,
+    segment_break_table,
+)
+from ..store.packing import IdArray, LogprobArray, RoutingArray, unpack_ids, unpack_logprobs
+from ..store.records import ChoiceTokens, RolloutView
+from . import hacks
+from .drift import CallMessages, Detokenizer, Drift, break_sites, calls_to_read, classify_all
+from .segments import (
+    Assembly,
+    CallInput,
+    MaskArray,
+    Segment,
+    SegmentArrays,
+    SegmentRole,
+    Skipped,
+    assemble,
+)
+from .steps import TurnSpan, token_hash, turn_spans, version_range
+
+CHUNK = 64
+"""Rollouts assembled per round of queries."""
+
+C = call_table
+CH = choice_table
+B = call_body_table
+SB = segment_break_table
+RF = rollout_faithfulness_table
+
+
+@dataclass(frozen=True)
+class SegmentLink:
+    kind: LinkKind
+    parent_segment: int
+    call_id: str
+    """The earlier call this segment branched from."""
+    choice: int | None
+    """That call's choice the shared prefix runs into; None when it ends inside its prompt."""
+    position: int
+    """Index of the first token that differs from the parent's sequence."""
+    drift: Drift | None = None
+    """Why the chain broke (breaks only; side calls and siblings have none)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "parent_segment": self.parent_segment,
+            "call_id": self.call_id,
+            "choice": self.choice,
+            "position": self.position,
+            "drift": None if self.drift is None else self.drift.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    rollout_id: str
+    segment: int
+    role: SegmentRole
+    prompt_ids: IdArray
+    response_ids: IdArray
+    loss_mask: MaskArray
+    logprobs: LogprobArray
+    reward: float | None
+    status: RolloutStatus
+    batch_id: str | None
+    task_id: str | None
+    sample_index: int | None
+    call_ids: tuple[str, ...]
+    """The merged calls, in order."""
+    weight_versions: tuple[str | None, ...]
+    """The policy version each merged call was sampled with."""
+    turns: tuple[TurnSpan, ...]
+    """Every answer and every observation between two answers, as spans of `response_ids`."""
+    prompt_hash: str
+    """The stable hash (`rolltap.analysis.steps.token_hash`) of `prompt_ids`: the first state."""
+    finish_reason: str | None
+    """How the last merged call's sampling ended (stop, length, tool_calls...)."""
+    link: SegmentLink | None
+    sampled_tokens: int
+    lost_tokens: int
+    has_logprobs: bool
+    rollout_faithfulness: float
+    """The rollout's share of sampled tokens still in the context they were sampled in."""
+    head_hash: str | None = None
+    """The rollout's sealed hash-chain head (store/chain.py): which record this came from."""
+    n_segments: int = 1
+    """How many trajectories its rollout has: `reward` is the rollout's, repeated on each of
+    them, so weight a row by 1 / n_segments to count each rollout once."""
+    replay_of: str | None = None
+    """The rollout this one replays (`rolltap replay`): its tokens came from that record, so a
+    trainer must not count them twice."""
+    routed_experts: RoutingArray | None = None
+    """The MoE experts each token was routed to (R3), row i for token i of `prompt_ids` then
+    `response_ids` (n_tokens - 1 rows: the last token was never forwarded), from the segment's
+    last call; None when that call has none (store/routed.py)."""
+    hack_flags: tuple[str, ...] | None = None
+    """The reward-hack detectors that flagged its rollout (analysis/hacks.py), sorted; () when
+    none did, None when it was never checked: a trainer should not learn from a flagged one."""
+
+    @property
+    def prompt_token_ids(self) -> IdArray:
+        return self.prompt_ids
+
+    @property
+    def rollout_logprobs(self) -> LogprobArray:
+        return self.logprobs
+
+    @property
+    def response_mask(self) -> MaskArray:
+        return self.loss_mask
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def min_version(self) -> str | None:
+        """The oldest policy version any of its calls was sampled with."""
+        return version_range(self.weight_versions)[0]
+
+    @property
+    def max_version(self) -> str | None:
+        """The newest policy version any of its calls was sampled with."""
+        return version_range(self.weight_versions)[1]
+
+    @property
+    def observation_hashes(self) -> tuple[str, ...]:
+        """The hash of every observation, in order (GiGPO-style anchor states)."""
+        return tuple(t.token_hash for t in self.turns if t.token_hash is not None)
+
+
+@dataclass(frozen=True)
+class Faithfulness:
+    sampled_tokens: int
+    lost_tokens: int
+    breaks: dict[str, int]
+    """Breaks by drift class."""
+    segments: int
+    side_calls: int
+    siblings: int
+    text_only_calls: int
+    skipped_calls: int
+
+    @property
+    def share(self) -> float:
+        """Sampled tokens that every later call of their line saw verbatim, over all sampled."""
+        if self.sampled_tokens == 0:
+            return 1.0
+        return 1.0 - self.lost_tokens / self.sampled_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "share": self.share,
+            "sampled_tokens": self.sampled_tokens,
+            "lost_tokens": self.lost_tokens,
+            "breaks": dict(self.breaks),
+            "segments": self.segments,
+            "side_calls": self.side_calls,
+            "siblings": self.siblings,
+            "text_only_calls": self.text_only_calls,
+            "skipped_calls": self.skipped_calls,
+        }
+
+
+@dataclass(frozen=True)
+class RolloutTrajectories:
+    """Everything assembly found in one rollout: the trajectories and what was left out."""
+
+    rollout: RolloutView
+    trajectories: list[Trajectory]
+    faithfulness: Faithfulness
+    skipped: list[Skipped]
+    text_only: list[str]
+    seqs: dict[str, int]
+    """Each call's seq, to show calls the way `rolltap show` numbers them."""
+    n_calls: int
+
+
+async def build(
+    db: Database, rollouts: Sequence[RolloutView], detokenizer: Detokenizer | None = None
+) -> list[RolloutTrajectories]:
+    """Assemble and classify a few rollouts at once (a handful of queries for all of them)."""
+    ids = [r.id for r in rollouts]
+    async with db.connect() as conn:
+        calls, meta = await _load_calls(conn, ids)
+        routing = await routed.load(conn, ids)
+    assemblies = {rid: assemble(calls.get(rid, [])) for rid in ids}
+    sites = {rid: break_sites(a) for rid, a in assemblies.items()}
+    wanted = {c for rid in ids for site in sites[rid] for c in calls_to_read(site)}
+    messages: dict[str, CallMessages] = {}
+    if wanted:
+        async with db.connect() as conn:
+            messages = await _load_messages(conn, wanted, meta)
+    built: list[RolloutTrajectories] = []
+    for r in rollouts:
+        drifts = await classify_all(sites[r.id], messages, detokenizer)
+        by_segment = {s.segment: d for s, d in zip(sites[r.id], drifts, strict=True)}
+        built.append(_rollout_trajectories(r, assemblies[r.id], by_segment, meta, routing))
+    return built
+
+
+@dataclass(frozen=True)
+class _CallMeta:
+    seq: int
+    dialect: CallDialect
+    weight_version: str | None
+
+
+async def _load_calls(
+    conn: AsyncConnection, rollout_ids: Sequence[str]
+) -> tuple[dict[str, list[CallInput]], dict[str, _CallMeta]]:
+    call_rows = (
+        await conn.execute(
+            select(
+                C.c.id,
+                C.c.rollout_id,
+                C.c.seq,
+                C.c.dialect,
+                C.c.purpose,
+                C.c.status,
+                C.c.capture,
+                C.c.retry_of,
+                C.c.retry_count,
+                C.c.body_hash,
+                C.c.weight_version,
+                C.c.prompt_parent_id,
+                C.c.prompt_parent_choice,
+                C.c.prompt_shared,
+                C.c.prompt_suffix,
+            )
+            .where(C.c.rollout_id.in_(rollout_ids))
+            .order_by(C.c.rollout_id, C.c.seq)
+        )
+    ).all()
+    choice_rows = await conn.execute(
+        select(CH.c.call_id, CH.c.idx, CH.c.finish_reason, CH.c.token_ids, CH.c.logprobs)
+        .join(C, C.c.id == CH.c.call_id)
+        .where(C.c.rollout_id.in_(rollout_ids))
+        .order_by(CH.c.call_id, CH.c.idx)
+    )
+    choices: dict[str, list[ChoiceTokens]] = {}
+    completions: dict[tuple[str, int], IdArray] = {}
+    for call_id, idx, finish, ids_blob, lp_blob in choice_rows:
+        ids = unpack_ids(ids_blob)
+        completions[(call_id, idx)] = ids
+        choices.setdefault(call_id, []).append(
+            ChoiceTokens(idx, ids, unpack_logprobs(lp_blob), finish)
+        )
+    stored = [
+        StoredPrompt(
+            r.id,
+            r.prompt_parent_id,
+            r.prompt_parent_choice,
+            r.prompt_shared,
+            unpack_ids(r.prompt_suffix),
+        )
+        for r in call_rows
+    ]
+    prompts = rebuild_prompts(stored, completions)
+    calls: dict[str, list[CallInput]] = {}
+    meta: dict[str, _CallMeta] = {}
+    for r in call_rows:
+        has_prompt = r.prompt_suffix is not None or r.prompt_parent_id is not None
+        parent = r.prompt_parent_id
+        calls.setdefault(r.rollout_id, []).append(
+            CallInput(
+                id=r.id,
+                seq=r.seq,
+                status=CallStatus(r.status),
+                capture=Capture(r.capture),
+                purpose=r.purpose,
+                retry_of=r.retry_of,
+                retry_count=r.retry_count or 0,
+                body_hash=r.body_hash,
+                prompt=prompts[r.id] if has_prompt else None,
+                choices=tuple(choices.get(r.id, ())),
+                stored_parent=None
+                if parent is None
+                else (parent, r.prompt_parent_choice, r.prompt_shared),
+            )
+        )
+        meta[r.id] = _CallMeta(r.seq, CallDialect(r.dialect), r.weight_version)
+    return calls, meta
+
+
+async def _load_messages(
+    conn: AsyncConnection, call_ids: set[str], meta: dict[str, _CallMeta]
+) -> dict[str, CallMessages]:
+    rows = await conn.execute(
+        select(B.c.call_id, B.c.request, B.c.response).where(B.c.call_id.in_(sorted(call_ids)))
+    )
+    return {
+        call_id: CallMessages(
+            meta[call_id].dialect, compress.inflate(request), compress.inflate(response)
+        )
+        for call_id, request, response in rows
+    }
+
+
+def _rollout_trajectories(
+    rollout: RolloutView,
+    assembly: Assembly,
+    drifts: dict[int, Drift],
+    meta: dict[str, _CallMeta],
+    routing: dict[routed.Key, routed.StoredRouting] | None = None,
+) -> RolloutTrajectories:
+    arrays = [segment.arrays() for segment in assembly.segments]
+    sampled = sum(int(a.mask.sum()) for a in arrays)
+    lost = sum(a.lost_tokens for a in arrays)
+    roles = Counter(s.role for s in assembly.segments)
+    faithfulness = Faithfulness(
+        sampled_tokens=sampled,
+        lost_tokens=lost,
+        breaks=dict(Counter(d.kind.value for d in drifts.values())),
+        segments=len(assembly.segments),
+        side_calls=roles[SegmentRole.SIDE],
+        siblings=roles[SegmentRole.SIBLING],
+        text_only_calls=len(assembly.text_only),
+        skipped_calls=len(assembly.skipped),
+    )
+    trajectories = [
+        _trajectory(
+            rollout,
+            segment,
+            a,
+            drifts.get(segment.index),
+            meta,
+            faithfulness.share,
+            routing or {},
+            len(assembly.segments),
+        )
+        for segment, a in zip(assembly.segments, arrays, strict=True)
+    ]
+    seqs = {cid: meta[cid].seq for cid in _call_ids(assembly)}
+    return RolloutTrajectories(
+        rollout,
+        trajectories,
+        faithfulness,
+        assembly.skipped,
+        assembly.text_only,
+        seqs,
+        len(seqs),
+    )
+
+
+def replay_of(meta: Mapping[str, Any]) -> str | None:
+    """The rollout a replay rollout replays (`meta["replay_of"]`, audit/replay.py), else None."""
+    found = meta.get(REPLAY_OF)
+    return found if isinstance(found, str) else None
+
+
+def _call_ids(assembly: Assembly) -> set[str]:
+    ids = {p.call.id for s in assembly.segments for p in s.pieces}
+    return ids | {s.call_id for s in assembly.skipped} | set(assembly.text_only)
+
+
+def _trajectory(
+    rollout: RolloutView,
+    segment: Segment,
+    arrays: SegmentArrays,
+    drift: Drift | None,
+    meta: dict[str, _CallMeta],
+    share: float,
+    routing: dict[routed.Key, routed.StoredRouting],
+    n_segments: int,
+) -> Trajectory:
+    n = arrays.prompt_len
+    link = segment.link
+    last = segment.pieces[-1]
+    versions = tuple(meta[c].weight_version for c in segment.calls)
+    return Trajectory(
+        rollout_id=rollout.id,
+        segment=segment.index,
+        role=segment.role,
+        prompt_ids=arrays.ids[:n],
+        response_ids=arrays.ids[n:],
+        loss_mask=arrays.mask[n:],
+        logprobs=arrays.logprobs[n:],
+        reward=rollout.reward,
+        status=rollout.status,
+        batch_id=rollout.batch_id,
+        task_id=rollout.task_id,
+        sample_index=rollout.sample_index,
+        call_ids=tuple(segment.calls),
+        weight_versions=versions,
+        turns=turn_spans(segment, arrays.ids, versions),
+        prompt_hash=token_hash(arrays.ids[:n]),
+        finish_reason=segment.pieces[-1].sampled.finish_reason,
+        link=None
+        if link is None
+        else SegmentLink(
+            link.kind, link.parent_segment, link.call_id, link.choice, link.position, drift
+        ),
+        sampled_tokens=int(arrays.mask.sum()),
+        lost_tokens=arrays.lost_tokens,
+        has_logprobs=arrays.has_logprobs,
+        rollout_faithfulness=share,
+        head_hash=rollout.head_hash,
+        n_segments=n_segments,
+        replay_of=replay_of(rollout.meta),
+        routed_experts=routed.for_sequence(routing, (last.call.id, last.choice), len(arrays.ids)),
+        hack_flags=hacks.detectors_of(rollout.hack_flags),
+    )
+
+
+def record(conn: Connection, built: RolloutTrajectories) -> None:
+    """Store a rollout's breaks and faithfulness summary, replacing an earlier analysis (inside
+    the caller's transaction: the store runs it on its one writer)."""
+    rid = built.rollout.id
+    rows = [
+        {
+            "call_id": t.call_ids[0],
+            "rollout_id": rid,
+            "segment": t.segment,
+            "kind": t.link.kind.value,
+            "drift": None if t.link.drift is None else t.link.drift.kind.value,
+            "parent_call_id": t.link.call_id,
+            "parent_choice": t.link.choice,
+            "position": t.link.position,
+            "detail": None if t.link.drift is None else t.link.drift.as_dict(),
+        }
+        for t in built.trajectories
+        if t.link is not None and t.link.kind is not LinkKind.SIBLING
+    ]
+    f = built.faithfulness
+    summary = {
+        "rollout_id": rid,
+        "analyzed_at": datetime.now(UTC),
+        "calls": built.n_calls,
+        "segments": f.segments,
+        "sampled_tokens": f.sampled_tokens,
+        "lost_tokens": f.lost_tokens,
+        "share": f.share,
+        "breaks": f.breaks,
+        "side_calls": f.side_calls,
+        "text_only_calls": f.text_only_calls,
+        "skipped_calls": f.skipped_calls,
+    }
+    conn.execute(delete(SB).where(SB.c.rollout_id == rid))
+    conn.execute(delete(RF).where(RF.c.rollout_id == rid))
+    if rows:
+        conn.execute(insert(SB), rows)
+    conn.execute(insert(RF), [summary])

@@ -1,0 +1,1 @@
+"""Checking a record: the hash chain verified, signed exports, replay reports."""

@@ -1,0 +1,1 @@
+"""Trajectories out to trainers and viewers: Parquet, JSON lines, Harbor's ATIF."""

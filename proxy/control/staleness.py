@@ -1,0 +1,133 @@
+"""A batch's bound on staleness, held where each call of a rollout is dispatched.
+
+A rollout is `gap` weight updates behind when the version its oldest recorded answer was
+sampled with was committed `gap` updates before the version in force: the gate's order of
+commits (Gate.epoch_of), counted as the rollout service counts a finished sample's staleness
+(runner/service/clock.py, groups.py), so the two agree; a rollout with no answer recorded yet is
+behind nothing. The rollout service puts the bound in each
+rollout's meta, `{"staleness": {"max_staleness": N, "stale": "flag" | "drop" | "relaunch"}}`,
+and the proxy checks it whenever the gate lets one of the rollout's calls go to an engine: a new
+call, or the continuation of one an abort_resume update cut. Past the bound:
+
+- flag: the call goes on; meta["stale"] records the first gap found past it;
+- drop: the call is refused (403 `rollout_stale`, in the client's dialect, as every refusal is)
+  and the rollout ends cancelled, meta["stale"] saying so and at which gap;
+- relaunch: the same, and the rollout service runs the sample again as a new attempt, which
+  starts on the weights then in force (runner/service/scheduler.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...store import RolloutStatus
+from ...store.lifecycle import OPEN
+from ..dialects.errors import Forbidden
+
+if TYPE_CHECKING:
+    from ..context import ProxyContext
+    from ..rollouts import RolloutState
+
+BOUND = "staleness"
+"""Meta key: the bound the rollout's batch set."""
+MARK = "stale"
+"""Meta key: what the bound did to the rollout, and at which gap."""
+
+
+class StalePolicy(enum.StrEnum):
+    DROP = "drop"
+    """The rollout's next call is refused and it ends; its group is dropped as stale."""
+    FLAG = "flag"
+    """Its calls go on; the rollout and its sample are marked stale."""
+    RELAUNCH = "relaunch"
+    """Its next call is refused, it ends, and its sample runs again as a new attempt."""
+
+
+class StaleRollout(Forbidden):
+    """A call refused because its rollout is further behind than its batch allows."""
+
+
+ENDS_ROLLOUT = frozenset({StalePolicy.DROP, StalePolicy.RELAUNCH})
+
+
+@dataclass(frozen=True)
+class StaleBound:
+    max_staleness: int
+    policy: StalePolicy
+
+    def as_meta(self) -> dict[str, Any]:
+        return {"max_staleness": self.max_staleness, "stale": self.policy.value}
+
+
+def rollout_bound(meta: Mapping[str, Any]) -> StaleBound | None:
+    """The bound in a rollout's meta, or None (no bound, or one this proxy cannot read)."""
+    found = meta.get(BOUND)
+    if not isinstance(found, dict):
+        return None
+    limit, policy = found.get("max_staleness"), found.get("stale")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        return None
+    if policy not in {p.value for p in StalePolicy}:
+        return None
+    return StaleBound(limit, StalePolicy(policy))
+
+
+def stale_mark(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the bound did to a rollout (meta["stale"]), or None."""
+    found = meta.get(MARK)
+    return found if isinstance(found, dict) else None
+
+
+def ended_stale(meta: Mapping[str, Any], policy: StalePolicy | None = None) -> bool:
+    """Whether the bound ended the rollout (dropped or relaunched; `policy`: that one only)."""
+    mark = stale_mark(meta)
+    if mark is None:
+        return False
+    action = mark.get("action")
+    return action in ENDS_ROLLOUT if policy is None else action == policy.value
+
+
+async def hold_bound(ctx: ProxyContext, state: RolloutState) -> None:
+    """Check the rollout against its bound as the gate lets one of its calls through; raises
+    StaleRollout when the call must not reach an engine."""
+    bound, oldest = state.stale_bound, state.oldest_version
+    if bound is None or oldest is None:
+        return
+    gap = ctx.gate.epoch - ctx.gate.epoch_of(oldest)
+    if gap <= bound.max_staleness:
+        return
+    ends = bound.policy in ENDS_ROLLOUT
+    then = "run again as a new attempt" if bound.policy is StalePolicy.RELAUNCH else "dropped"
+    message = (
+        f"rollout {state.id} is stale: its first answer was sampled with weight version "
+        f"{oldest!r}, {gap} update(s) ago, and its batch allows {bound.max_staleness}; it is {then}"
+    )
+    if not state.stale_marked:
+        # Before the first await: concurrent calls of the rollout find it marked (and ended).
+        state.stale_marked = True
+        if ends:
+            state.status = RolloutStatus.CANCELLED
+        mark = {
+            "action": bound.policy.value,
+            "gap": gap,
+            "max_staleness": bound.max_staleness,
+            "oldest_version": oldest,
+            "version": ctx.gate.weight_version,
+        }
+        await _record(ctx, state.id, mark, message if ends else None)
+    if ends:
+        raise StaleRollout(message, code="rollout_stale")
+
+
+async def _record(
+    ctx: ProxyContext, rollout_id: str, mark: dict[str, Any], ended: str | None
+) -> None:
+    """meta["stale"] (and, when the bound ends the rollout, its status) in one write; a rollout
+    something else ended meanwhile keeps its own ending."""
+    values: dict[str, Any] = {}
+    if ended is not None:
+        values |= {"status": RolloutStatus.CANCELLED, "error": ended}
+    await ctx.store.update_rollout(rollout_id, only_from=OPEN, merge_meta={MARK: mark}, **values)

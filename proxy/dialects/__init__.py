@@ -1,0 +1,1 @@
+"""The client dialects: Chat Completions, Responses and Anthropic Messages, in and out."""

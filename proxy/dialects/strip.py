@@ -1,0 +1,181 @@
+"""Take rolltap's extras out of an engine's JSON before the client sees it.
+
+Token-id arrays are cut out of the raw bytes, so everything else stays byte for byte what the
+engine sent. Logprobs the client did not ask for must become `null`; that needs the document
+re-serialized, which orjson does in C with the engine's compact layout (same keys, order and
+values; only float spelling could differ, and the floats are the logprobs being removed).
+
+The byte edits find members by their key (any spacing around the colon) wherever they appear
+as keys: engines put these keys only where rolltap asked for them. tests/proxy/
+test_strip_fuzz.py holds both paths to a reference that parses, edits and re-serializes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+ROOT_ID_KEYS = (b"prompt_token_ids",)
+CHOICE_ID_KEYS = (b"token_ids", b"prompt_token_ids", b"response_token_ids")
+TOOL_PARSE = b'"tool_parse"'
+"""rolltap's own: a choice's tool-call parse outcome (token-in answers, the built-in engine's),
+recorded with the call and never shown to the client. Inside a JSON string its quotes would be
+escaped, so these bytes are always the key."""
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What rolltap added to the engine request that the client did not ask for."""
+
+    token_ids: bool = True
+    logprobs: bool = True
+    meta_info: bool = False
+    """SGLang's per-choice meta_info (asked for its ids)."""
+    routed_experts: bool = False
+    """Routed experts (proxy/upstream/routed.py): vLLM's per choice, SGLang's `sglext`."""
+
+
+def strip(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
+    """The client's view of a whole response body."""
+    if extras.logprobs or extras.meta_info or extras.routed_experts or TOOL_PARSE in raw:
+        return orjson.dumps(_stripped_doc(doc, extras))
+    return _cut_ids(raw, extras)
+
+
+def strip_chunk(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:
+    """The client's view of one stream chunk: small, so even logprobs are cut from the bytes."""
+    if extras.meta_info or (extras.routed_experts and b'"sglext"' in raw) or TOOL_PARSE in raw:
+        return orjson.dumps(_stripped_doc(doc, extras))
+    if extras.logprobs:
+        raw = null_values(raw, b"logprobs")
+    return _cut_ids(raw, extras)
+
+
+def _cut_ids(raw: bytes, extras: Extras) -> bytes:
+    if extras.token_ids:
+        for key in ROOT_ID_KEYS + CHOICE_ID_KEYS:
+            if key in raw:
+                raw = cut_int_arrays(raw, key)
+    return raw
+
+
+_SCAN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+_SPACE = frozenset(b" \t\n\r")
+_COLON, _COMMA = ord(":"), ord(",")
+
+
+def _members(raw: bytes, quoted: bytes, start: int = 0) -> tuple[int, int] | None:
+    """The next member whose key is `quoted` from `start`: where its key and its value begin.
+
+    The key counts only when its opening quote is not escaped and a colon follows (spaces
+    allowed): inside a JSON string every quote is escaped, so such an occurrence is a real key.
+    Bytes are compared as ints: this runs for every stream chunk.
+    """
+    at = raw.find(quoted, start)
+    end = len(raw)
+    while at != -1:
+        i = at + len(quoted)
+        while i < end and raw[i] in _SPACE:
+            i += 1
+        if i < end and raw[i] == _COLON and not _escaped(raw, at):
+            i += 1
+            while i < end and raw[i] in _SPACE:
+                i += 1
+            return at, i
+        at = raw.find(quoted, at + 1)
+    return None
+
+
+def null_values(raw: bytes, key: bytes) -> bytes:
+    """Replace the value of every member `"key": {...}` or `[...]` with null."""
+    quoted = b'"' + key + b'"'
+    found = _members(raw, quoted)
+    while found is not None:
+        _, value = found
+        if raw[value : value + 1] in (b"{", b"["):
+            depth = 0
+            for match in _SCAN.finditer(raw, value):
+                token = match.group()
+                if token in (b"{", b"["):
+                    depth += 1
+                elif token in (b"}", b"]"):
+                    depth -= 1
+                    if depth == 0:
+                        raw = raw[:value] + b"null" + raw[match.end() :]
+                        break
+            else:
+                raise ValueError("unterminated JSON value")
+        found = _members(raw, quoted, value)
+    return raw
+
+
+def _stripped_doc(doc: dict[str, Any], extras: Extras) -> dict[str, Any]:
+    out = dict(doc)
+    if extras.token_ids:
+        for key in ROOT_ID_KEYS:
+            out.pop(key.decode(), None)
+    if extras.routed_experts:
+        out.pop("sglext", None)
+    choices = out.get("choices")
+    if isinstance(choices, list):
+        cleaned = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                cleaned.append(choice)
+                continue
+            c = dict(choice)
+            if extras.token_ids:
+                for key in CHOICE_ID_KEYS:
+                    c.pop(key.decode(), None)
+            if extras.logprobs and "logprobs" in c:
+                c["logprobs"] = None
+            if extras.meta_info:
+                c.pop("meta_info", None)
+            if extras.routed_experts:
+                c.pop("routed_experts", None)
+            c.pop("tool_parse", None)
+            cleaned.append(c)
+        out["choices"] = cleaned
+    return out
+
+
+def cut_int_arrays(raw: bytes, key: bytes) -> bytes:
+    """Remove every member `"key": [ints]` (or `"key": null`) from a JSON text."""
+    quoted = b'"' + key + b'"'
+    found = _members(raw, quoted)
+    while found is not None:
+        start, value = found
+        if raw.startswith(b"[", value):
+            end = raw.index(b"]", value) + 1
+        elif raw.startswith(b"null", value):
+            end = value + 4
+        else:
+            found = _members(raw, quoted, value)
+            continue
+        before = start - 1
+        while before >= 0 and raw[before] in _SPACE:
+            before -= 1
+        if before >= 0 and raw[before] == _COMMA:
+            raw = raw[:before] + raw[end:]
+            found = _members(raw, quoted, before)
+        else:
+            after = end
+            while after < len(raw) and raw[after] in _SPACE:
+                after += 1
+            if after < len(raw) and raw[after] == _COMMA:
+                end = after + 1
+            raw = raw[:start] + raw[end:]
+            found = _members(raw, quoted, start)
+    return raw
+
+
+def _escaped(raw: bytes, quote: int) -> bool:
+    backslashes = 0
+    i = quote - 1
+    while i >= 0 and raw[i] == 0x5C:
+        backslashes += 1
+        i -= 1
+    return backslashes % 2 == 1

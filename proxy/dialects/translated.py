@@ -1,0 +1,217 @@
+"""POST handlers of dialects served through chat completions (Responses, Messages): one flow.
+
+Intake, budgets and retry links are the chat handler's; then the harness's history is restored
+(history.py), the chat request runs through relay.py (the gate, failover, capture, the record,
+failures and a client leaving), and `TranslatedRendering` renders the answer in the client's
+dialect event by event. The record holds the client's
+request, the chat request sent, and the client's response (the whole object for streams).
+
+An answer cut by the proxy's own `max_tokens_cap` (the client allowed more, or set no limit) is
+shown to the client as ended normally (`completed`, `end_turn`): the cap bounds what a rollout
+costs, and both harnesses treat a truncated answer as a failed turn (Codex) or ask for more
+(Claude Code). The recorded choice keeps `finish_reason: length` and the call is noted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..context import ProxyContext
+from ..intake import Intake, admit, intake, link_retry, parse_json_object
+from ..middleware import error_body, is_anthropic
+from ..upstream.answer import engine_answer
+from ..upstream.call import Chunk, error_message
+from ..upstream.exchange import Exchange
+from ..upstream.relay import EngineAnswer, relay
+from ..upstream.sse import frame
+from .assemble import ChatAssembler
+from .blocks import BlockStream, from_message
+from .dialect import Answer, ChatPlan, Dialect, Ending, Renderer
+from .errors import (
+    BadRequest,
+    Forbidden,
+    NotFoundError,
+    PayloadTooLarge,
+    ProxyError,
+    Unauthorized,
+    Unprocessable,
+)
+from .handles import Handle
+from .history import HarnessTurn, Restorer, engine_message
+from .recall import EngineTurn
+
+_BY_STATUS: dict[int, type[ProxyError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFoundError,
+    413: PayloadTooLarge,
+    422: Unprocessable,
+}
+_CONTEXT_OVERFLOW = ("maximum context length", "context length is", "prompt is too long")
+
+
+async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    taken = await intake(request, dialect.kind)
+    exchange = taken.exchange
+    try:
+        body = parse_json_object(exchange.raw_body)
+        plan = dialect.plan(body)
+    except ProxyError as e:
+        raise await taken.reject(e) from None
+    exchange.body = body
+    exchange.stream = body.get("stream") is True
+    exchange.model = body["model"] if isinstance(body.get("model"), str) else None
+    exchange.purpose = exchange.purpose or dialect.purpose(body, request.headers)
+    exchange.notes += plan.notes
+    await admit(taken)
+    await link_retry(taken)
+    ctx = taken.ctx
+    chat = await chat_request(ctx, taken.state.id, plan, exchange)
+    handle = ctx.recall.handles.mint(taken.state.id, exchange.call_id)
+    renderer = dialect.renderer(body, Answer(exchange.call_id, int(time.time()), handle))
+    anthropic = is_anthropic(request.path)
+    call = await engine_answer(taken, chat)
+    return await relay(
+        request, taken, call, lambda answer: TranslatedRendering(taken, answer, renderer, anthropic)
+    )
+
+
+async def chat_request(
+    ctx: ProxyContext, rollout_id: str, plan: ChatPlan, exchange: Exchange | None = None
+) -> dict[str, Any]:
+    """The plan's chat request, the harness's assistant turns restored where they can be."""
+    restorer = Restorer(rollout_id, ctx.recall.handles)
+    turns = [e for e in plan.entries if isinstance(e, HarnessTurn)]
+    wanted = list(dict.fromkeys(restorer.valid_handles(turns)))
+    if wanted:
+        restorer.recalled(await ctx.recall.lookup(rollout_id, wanted))
+    messages: list[dict[str, Any]] = []
+    position = 0
+    for entry in plan.entries:
+        if isinstance(entry, HarnessTurn):
+            position += 1
+            messages.append(restorer.message(entry, position))
+        elif entry.get("role") == "tool":
+            messages.append({**entry, "tool_call_id": restorer.tool_call_id(entry["tool_call_id"])})
+        else:
+            messages.append(entry)
+    if exchange is not None:
+        exchange.notes += restorer.notes
+    params = dict(plan.params)
+    head = {"model": params.pop("model")} if "model" in params else {}
+    return {**head, "messages": messages, **params}
+
+
+def engine_refusal(status: int, message: str, anthropic: bool) -> ProxyError:
+    """The engine's own error status and message, as this proxy's error for the client."""
+    error = _BY_STATUS.get(status, ProxyError)(message)
+    error.status = status
+    if any(marker in message for marker in _CONTEXT_OVERFLOW):
+        # The words each harness looks for to compact its history and try again.
+        error.code = "context_length_exceeded"
+        if anthropic and not message.startswith("prompt is too long"):
+            error.message = f"prompt is too long: {message}"
+    return error
+
+
+class TranslatedRendering:
+    """The engine's chat answer rendered event by event in the client's dialect."""
+
+    def __init__(
+        self, taken: Intake, call: EngineAnswer, renderer: Renderer, anthropic: bool
+    ) -> None:
+        self._taken = taken
+        self._exchange = taken.exchange
+        self._call = call
+        self._renderer = renderer
+        self._anthropic = anthropic
+        self._blocks = BlockStream()
+        self._assembler = ChatAssembler(keep_logprobs=False)
+        self._started = False
+        self._finish: Any = None
+        self._stop: Any = None
+
+    def refused(self, status: int, body: bytes) -> bytes:
+        error = engine_refusal(status, error_message(body), self._anthropic)
+        return error_body(error, self._anthropic)
+
+    def whole(self, raw: bytes, doc: dict[str, Any]) -> bytes:
+        renderer = self._renderer
+        choice = _choice(doc)
+        message = choice.get("message") or {}
+        renderer.start(self._exchange.prompt_tokens)
+        renderer.feed(from_message(message))
+        renderer.finish(self._ending(choice.get("finish_reason"), choice.get("stop_reason")))
+        self._exchange.notes += renderer.notes
+        _remember(self._taken, message)
+        return orjson.dumps(renderer.result())
+
+    def feed(self, chunk: Chunk) -> bytes:
+        events = self._start()
+        doc = chunk.doc
+        self._assembler.feed(doc)
+        for c in doc.get("choices") or ():
+            if int(c.get("index") or 0) != 0:
+                continue
+            events += self._renderer.feed(self._blocks.feed(c.get("delta") or {}))
+            self._finish = c.get("finish_reason") or self._finish
+            if c.get("stop_reason") is not None:
+                self._stop = c["stop_reason"]
+        return _frames(events) if events else b""
+
+    def ending(self) -> bytes:
+        renderer = self._renderer
+        events = self._start() + renderer.feed(self._blocks.finish())
+        events += renderer.finish(self._ending(self._finish, self._stop))
+        self._exchange.notes += renderer.notes
+        choices = self._assembler.result()["choices"]
+        _remember(self._taken, choices[0]["message"] if choices else {})
+        return _frames(events)
+
+    def failure(self) -> bytes:
+        return _frames(self._start() + self._renderer.fail("the backend failed mid-stream", None))
+
+    def recorded(self) -> bytes:
+        return orjson.dumps(self._renderer.result())
+
+    def _start(self) -> list[dict[str, Any]]:
+        """The opening events, before the first chunk's (its prompt ids give the usage)."""
+        if self._started:
+            return []
+        self._started = True
+        return self._renderer.start(self._exchange.prompt_tokens)
+
+    def _ending(self, finish: Any, stop: Any) -> Ending:
+        exchange = self._exchange
+        usage = exchange.usage or {}
+        if finish == "length" and self._call.capped:
+            exchange.notes.append("cut at max_tokens_cap; the client was told the answer ended")
+            finish = "stop"
+        return Ending(
+            finish_reason=finish if isinstance(finish, str) else None,
+            stop_reason=stop if isinstance(stop, str | int) else None,
+            prompt_tokens=exchange.prompt_tokens or int(usage.get("prompt_tokens") or 0),
+            completion_tokens=exchange.completion_tokens
+            or int(usage.get("completion_tokens") or 0),
+        )
+
+
+def _frames(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(frame(orjson.dumps(e), e["type"]) for e in events)
+
+
+def _choice(doc: dict[str, Any]) -> dict[str, Any]:
+    for choice in doc.get("choices") or ():
+        if isinstance(choice, dict) and int(choice.get("index") or 0) == 0:
+            return choice
+    return {}
+
+
+def _remember(taken: Intake, message: dict[str, Any]) -> None:
+    turn = EngineTurn(engine_message(message))
+    taken.ctx.recall.remember(taken.state.id, Handle(taken.exchange.call_id, 0), turn)

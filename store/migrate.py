@@ -12,8 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
-import rolltap.migrations
-
+from .. import migrations
 from .database import Database
 from .errors import StoreError
 from .models import Base
@@ -25,7 +24,7 @@ class SchemaOutOfDate(StoreError):
 
 def alembic_config() -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(rolltap.migrations.__file__).parent))
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     return cfg
 
 

@@ -438,9 +438,9 @@ def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
 
 def example_tasks() -> Path:
     """examples/tasks as installed (package data of rolltap.examples)."""
-    import rolltap.examples
+    from .. import examples
 
-    return Path(rolltap.examples.__file__).parent / "tasks"
+    return Path(examples.__file__).parent / "tasks"
 
 
 def _bwrap_works() -> bool:

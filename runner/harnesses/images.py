@@ -11,12 +11,11 @@ import os
 import shutil
 from pathlib import Path
 
-import rolltap.harness_images
-
+from ... import harness_images
 from .base import Harness
 from .errors import HarnessError
 
-IMAGES_DIR = Path(rolltap.harness_images.__file__).parent
+IMAGES_DIR = Path(harness_images.__file__).parent
 
 
 def dockerfile(harness: Harness) -> Path:

@@ -32,9 +32,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import numpy as np
 import numpy.typing as npt
 import orjson
@@ -42,6 +41,11 @@ import orjson
 from rolltap import wire
 
 from .loop_thread import LoopThread
+
+if TYPE_CHECKING:
+    # Imported where a request is made: `import rolltap.client` stays cheap for a trainer that
+    # only loads it (aiohttp alone is more than half of the import; bench/cli_bench.py).
+    import aiohttp
 
 __all__ = [
     "AsyncClient",
@@ -299,6 +303,8 @@ class AsyncClient:
             body["id"] = batch_id
         key = idempotency_key or (None if batch_id else uuid.uuid4().hex)
         headers = {"Idempotency-Key": key} if key else {}
+        import aiohttp
+
         # The key (or the id) makes a retry after a lost answer return the same batch.
         for attempt in range(4):
             try:
@@ -331,6 +337,8 @@ class AsyncClient:
     ) -> AsyncIterator[Group | Dropped | Batch]:
         """Every event of the batch: kept groups, dropped groups, and finally the batch as it
         ended. Reconnects from the last event seen when the stream breaks."""
+        import aiohttp
+
         last = after
         failures = 0
         while True:
@@ -353,6 +361,8 @@ class AsyncClient:
                 await asyncio.sleep(min(5.0, 0.2 * 2**failures))
 
     async def _sse(self, batch_id: str, after: int) -> AsyncIterator[tuple[int, str, Any]]:
+        import aiohttp
+
         headers = {**self._headers, "Accept": "text/event-stream"}
         if after:
             headers["Last-Event-ID"] = str(after)
@@ -461,6 +471,8 @@ class AsyncClient:
         (if given) and resume under `version`. If the block raises, the update is cancelled and
         calls resume on the old version. `mode`: drain or abort_resume
         (proxy/control/weights.py)."""
+        import aiohttp
+
         update = await self.begin_weight_update(version, mode=mode, timeout=timeout, lease=lease)
         try:
             yield update
@@ -473,6 +485,8 @@ class AsyncClient:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _client(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._session is None:
             self._session = aiohttp.ClientSession()
         return self._session
@@ -484,6 +498,8 @@ class AsyncClient:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> tuple[int, Any]:
+        import aiohttp
+
         data = None if body is None else orjson.dumps(body)
         sent = {**self._headers, **(headers or {})}
         if data is not None:
@@ -606,6 +622,8 @@ class Client:
         lease: float | None = None,
     ) -> Iterator[WeightUpdate]:
         """See `AsyncClient.weight_update`."""
+        import aiohttp
+
         update = self._loop.run(
             self._client.begin_weight_update(version, mode=mode, timeout=timeout, lease=lease)
         )

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from rolltap.store import CallStatus, Capture, Store
-from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, logprob_of, render
+from tests.support.fake_vllm import IM_END, FakeVLLM, NoIds, Reply, encode, logprob_of, render
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 
 MESSAGES = [
@@ -255,7 +255,7 @@ async def test_plain_openai_backend_is_recorded_as_text_only(
     store: Store, sdk: OpenAIFactory
 ) -> None:
     def script(body: dict[str, Any]) -> Reply:
-        return Reply(text="echo: Say hi to the proxy", fault="no_ids")
+        return Reply(text="echo: Say hi to the proxy", fault=NoIds())
 
     async with (
         fake_engine(FakeVLLM(script=script)) as engine,

@@ -24,7 +24,15 @@ import orjson
 import pytest
 
 from rolltap.store import CallStatus, Capture, NotFound, Store
-from tests.support.fake_vllm import decode, read_log
+from tests.support.fake_vllm import (
+    BadIds,
+    ErrorEvent,
+    Fault,
+    Garble,
+    NoLogprob,
+    decode,
+    read_log,
+)
 from tests.support.load import Outcome, call, keep_calling
 from tests.support.processes import Child, free_port, reaped, start_fake_engine, start_serve
 
@@ -224,17 +232,22 @@ async def test_engine_killed_mid_stream(tmp_path: Path, store: Store, db_url: st
         print(f"engine SIGKILL: {len(outcomes)} calls, {dict(statuses)}")
 
 
-FAULTS = [
-    ("garble:4", True),
-    ("no_logprob:3", True),
-    ("error_event:5", True),
-    ("bad_ids:2", True),
-    ("garble", False),
-    ("no_logprob", False),
-    ("bad_ids", False),
-    ("none", True),
-    ("none", False),
+FAULTS: list[tuple[Fault | None, bool]] = [
+    (Garble(4), True),
+    (NoLogprob(3), True),
+    (ErrorEvent(5), True),
+    (BadIds(2), True),
+    (Garble(), False),
+    (NoLogprob(), False),
+    (BadIds(), False),
+    (None, True),
+    (None, False),
 ]
+
+
+def spec(fault: Fault | None) -> str:
+    """What a client writes in its message to pick the fault for its call."""
+    return "none" if fault is None else fault.spec
 
 
 async def test_engine_sending_malformed_chunks_and_bodies(
@@ -252,14 +265,14 @@ async def test_engine_sending_malformed_chunks_and_bodies(
         async with aiohttp.ClientSession() as session:
             outcomes = await asyncio.gather(
                 *(
-                    call(session, f"{proxy.url}/r/{key}", dialect, f"say fault={fault}", stream)
-                    for key, (fault, stream, dialect) in zip(keys, cases, strict=True)
+                    call(session, f"{proxy.url}/r/{key}", dialect, f"say fault={spec(f)}", stream)
+                    for key, (f, stream, dialect) in zip(keys, cases, strict=True)
                 )
             )
 
         for (fault, stream, dialect), outcome in zip(cases, outcomes, strict=True):
-            where = f"{fault} {dialect} {'stream' if stream else 'whole'}"
-            if fault in ("none", "bad_ids", "bad_ids:2"):
+            where = f"{spec(fault)} {dialect} {'stream' if stream else 'whole'}"
+            if fault is None or isinstance(fault, BadIds):
                 assert outcome.complete, where
             elif stream:
                 # A well-formed stream that ends in the dialect's error event.
@@ -267,7 +280,7 @@ async def test_engine_sending_malformed_chunks_and_bodies(
             else:
                 assert outcome.status == 502, where
         await assert_acknowledged_are_recorded(
-            store, [o for o, (f, _, _) in zip(outcomes, cases, strict=True) if f == "none"],
+            store, [o for o, (f, _, _) in zip(outcomes, cases, strict=True) if f is None],
             engine_log,
         )  # fmt: skip
         statuses = await assert_engine_calls_are_recorded(store, engine_log)
@@ -276,11 +289,11 @@ async def test_engine_sending_malformed_chunks_and_bodies(
             rollout = await store.rollout_by_key(key)
             assert rollout is not None
             (record,) = await store.calls(rollout.id)
-            if fault.startswith("bad_ids"):
+            if isinstance(fault, BadIds):
                 # The store refused the ids; the call is kept without them, and says why.
                 assert record.capture is Capture.NONE
                 assert "token data dropped" in (record.error or "")
-            if fault.startswith("garble"):
+            if isinstance(fault, Garble):
                 response = (await store.call_bodies(record.id)).response or b""
                 with pytest.raises(orjson.JSONDecodeError):
                     orjson.loads(response)  # the engine's unreadable bytes, as they came

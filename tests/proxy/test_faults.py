@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from rolltap.store import CallStatus, Capture, Store
-from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, render
+from tests.support.fake_vllm import IM_END, DieAfter, FakeVLLM, Reply, Status, encode, render
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 
 MESSAGES = [{"role": "user", "content": "count to ten slowly"}]
@@ -108,7 +108,7 @@ async def test_unknown_paths_are_404_in_openai_format_without_the_key(
 
 async def test_engine_refusal_passes_through_as_the_engine_said(store: Store) -> None:
     def script(body: dict[str, Any]) -> Reply:
-        return Reply(fault="status:400")
+        return Reply(fault=Status(400))
 
     async with (
         fake_engine(FakeVLLM(script=script)) as engine,
@@ -137,7 +137,7 @@ async def test_backend_dying_mid_stream_sends_an_error_event_and_keeps_partial_t
     text = "0123456789" * 3
 
     def script(body: dict[str, Any]) -> Reply:
-        return Reply(text=text, fault="die_after:12")
+        return Reply(text=text, fault=DieAfter(12))
 
     async with (
         fake_engine(FakeVLLM(script=script)) as engine,
@@ -268,7 +268,7 @@ async def test_sdk_retry_is_linked_to_the_call_it_repeats(store: Store, sdk: Ope
     def script(body: dict[str, Any]) -> Reply:
         nonlocal attempts
         attempts += 1
-        return Reply(text="finally", fault="status:500" if attempts == 1 else None)
+        return Reply(text="finally", fault=Status(500) if attempts == 1 else None)
 
     async with (
         fake_engine(FakeVLLM(script=script)) as engine,

@@ -18,7 +18,16 @@ from rolltap.engine.launch import EngineProcess
 from rolltap.proxy.server import RunningProxy
 from rolltap.store import CallStatus, CallView, Capture, Store
 from tests.support.engine import engine_stats, wait_until_idle
-from tests.support.fake_vllm import FakeVLLM, Reply, encode
+from tests.support.fake_vllm import (
+    BadIds,
+    ErrorEvent,
+    FakeVLLM,
+    Fault,
+    Garble,
+    NoLogprob,
+    Reply,
+    encode,
+)
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
 
 TEXT = "one two three four"
@@ -101,9 +110,9 @@ async def only_call(store: Store, rollout_id: str) -> CallView:
 
 
 @pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)
-@pytest.mark.parametrize("fault", ["garble:5", "no_logprob:5", "error_event:5"])
+@pytest.mark.parametrize("fault", [Garble(5), NoLogprob(5), ErrorEvent(5)], ids=lambda f: f.spec)
 async def test_a_malformed_stream_ends_in_the_dialects_error_event(
-    store: Store, dialect: Dialect, fault: str
+    store: Store, dialect: Dialect, fault: Fault
 ) -> None:
     fake = FakeVLLM(script=lambda body: Reply(text=TEXT, fault=fault))
     async with fake_engine(fake) as engine, running_proxy(store, engine.url) as proxy:
@@ -121,16 +130,16 @@ async def test_a_malformed_stream_ends_in_the_dialects_error_event(
         # Chunks 1-4 carried one token each; a chunk that could be read keeps its ids too.
         sampled = tokens.choices[0].token_ids.tolist()
         assert sampled == encode(TEXT)[: len(sampled)]
-        assert len(sampled) == (5 if fault.startswith("no_logprob") else 4)
+        assert len(sampled) == (5 if isinstance(fault, NoLogprob) else 4)
         response = (await store.call_bodies(call.id)).response
         assert response is not None
         sent = fake.requests[0][1]["X-Request-Id"]
-        if fault.startswith("garble"):
+        if isinstance(fault, Garble):
             # The bytes that could not be read are kept as they came.
             assert response.startswith(b'{"id":"chatcmpl-' + sent.encode())
             with pytest.raises(orjson.JSONDecodeError):
                 orjson.loads(response)
-        elif fault.startswith("no_logprob"):
+        elif isinstance(fault, NoLogprob):
             assert b'"token_ids":[' in response
             assert "KeyError" in (call.error or "")
         else:
@@ -143,9 +152,9 @@ async def test_a_malformed_stream_ends_in_the_dialects_error_event(
 
 
 @pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)
-@pytest.mark.parametrize("fault", ["garble", "no_logprob"])
+@pytest.mark.parametrize("fault", [Garble(), NoLogprob()], ids=lambda f: f.spec)
 async def test_a_malformed_whole_answer_is_recorded_and_a_clean_502(
-    store: Store, dialect: Dialect, fault: str
+    store: Store, dialect: Dialect, fault: Fault
 ) -> None:
     fake = FakeVLLM(script=lambda body: Reply(text=TEXT, fault=fault))
     async with fake_engine(fake) as engine, running_proxy(store, engine.url) as proxy:
@@ -165,7 +174,7 @@ async def test_a_malformed_whole_answer_is_recorded_and_a_clean_502(
         assert (call.status, call.http_status) == (CallStatus.FAILED, 502)
         response = (await store.call_bodies(call.id)).response
         assert response is not None
-        if fault == "garble":
+        if fault == Garble():
             # The engine's body, not JSON, kept byte for byte.
             assert response.startswith(b'{"id":"chatcmpl-')
             with pytest.raises(orjson.JSONDecodeError):
@@ -178,7 +187,7 @@ async def test_a_malformed_whole_answer_is_recorded_and_a_clean_502(
 async def test_token_ids_the_store_refuses_leave_the_call_recorded_without_them(
     store: Store, stream: bool
 ) -> None:
-    fake = FakeVLLM(script=lambda body: Reply(text=TEXT, fault="bad_ids:3"))
+    fake = FakeVLLM(script=lambda body: Reply(text=TEXT, fault=BadIds(3)))
     async with fake_engine(fake) as engine, running_proxy(store, engine.url) as proxy:
         rollout_id, key = await new_rollout(store)
 

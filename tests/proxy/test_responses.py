@@ -14,7 +14,16 @@ import pytest
 
 from rolltap.analysis.turns import Turn, request_turns, response_turns
 from rolltap.store import CallDialect, CallStatus, Capture, Store
-from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, logprob_of, render
+from tests.support.fake_vllm import (
+    IM_END,
+    DieAfter,
+    FakeVLLM,
+    Reply,
+    Status,
+    encode,
+    logprob_of,
+    render,
+)
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 
 SHELL = {
@@ -426,7 +435,7 @@ async def test_body_over_the_limit_is_413(store: Store) -> None:
 
 async def test_engine_refusal_in_openai_shape(store: Store) -> None:
     message = "This model's maximum context length is 32 tokens. However, you asked for 90."
-    fake = FakeVLLM(script=lambda body: Reply(fault=f"status:400:{message}"))
+    fake = FakeVLLM(script=lambda body: Reply(fault=Status(400, message)))
     async with fake_engine(fake) as engine, running_proxy(store, engine.url) as proxy:
         rollout_id, key = await new_rollout(store)
 
@@ -448,7 +457,7 @@ async def test_engine_refusal_in_openai_shape(store: Store) -> None:
 
 
 async def test_engine_failing_mid_stream_sends_response_failed(store: Store) -> None:
-    fake = FakeVLLM(script=lambda body: Reply(text="one two three four", fault="die_after:8"))
+    fake = FakeVLLM(script=lambda body: Reply(text="one two three four", fault=DieAfter(8)))
     async with fake_engine(fake) as engine, running_proxy(store, engine.url) as proxy:
         rollout_id, key = await new_rollout(store)
         events: list[dict[str, Any]] = []

@@ -89,9 +89,9 @@ async def test_failover_before_the_first_byte_and_re_stick(
 async def test_stream_that_breaks_before_its_first_event_fails_over(
     store: Store, sdk: OpenAIFactory
 ) -> None:
-    from tests.support.fake_vllm import Reply
+    from tests.support.fake_vllm import DieAfter, Reply
 
-    broken = FakeVLLM(script=lambda body: Reply(fault="die_after:0"))
+    broken = FakeVLLM(script=lambda body: Reply(fault=DieAfter(0)))
     async with (
         fake_engine(broken) as bad,
         fake_engine() as good,

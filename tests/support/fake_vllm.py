@@ -6,12 +6,13 @@ engine's do. Streams carry one token per chunk, with the deltas a vLLM parser wo
 reasoning and content as their characters complete, a tool call as a head fragment (id, name) then
 its arguments a character at a time. `/tokenize` renders messages and tools the same way.
 Logprobs are a fixed function of the token id. What it answers is decided by a `script` (request
-body -> Reply). Faults are injected per request with the `x-fake-fault` header or per reply:
-refuse (close before answering), status:<code>[:<message>], die_after:<k> (stream k chunks and
-drop the connection), hang, no_ids (behave like a plain OpenAI server), and malformed answers:
-garble[:<k>] (a body, or stream chunk k, cut off mid-JSON), no_logprob[:<k>] (a logprob entry
-without its `logprob`), bad_ids[:<k>] (a token id that is a string), error_event:<k> (stream k
-chunks, then vLLM's error event and [DONE]).
+body -> Reply). Faults are typed values (`Fault`, one dataclass per kind) set per reply; across a
+process boundary they travel as their `spec` text (the `x-fake-fault` header, or "fault=<spec>" in
+a standalone engine's last message) and `parse_fault` reads it back: Refuse (close before
+answering), Status(code, message), DieAfter(k) (stream k chunks and drop the connection), Hang,
+NoIds (behave like a plain OpenAI server), and malformed answers: Garble(k) (a body, or stream
+chunk k, cut off mid-JSON), NoLogprob(k) (a logprob entry without its `logprob`), BadIds(k) (a
+token id that is a string), ErrorEvent(k) (stream k chunks, then vLLM's error event and [DONE]).
 
 With `moe` it is a mixture-of-experts model and returns each token's routed experts in the
 engine's own wire format (proxy/upstream/routed.py has the sources): vLLM (as if started with
@@ -118,12 +119,144 @@ def render(
     return [*ids, IM_START, *encode("assistant\n")] if generation_prompt else ids
 
 
+@dataclass(frozen=True)
+class Refuse:
+    """Close the connection before answering."""
+
+    spec = "refuse"
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Never answer."""
+
+    spec = "hang"
+
+
+@dataclass(frozen=True)
+class NoIds:
+    """Answer without token ids, like a plain OpenAI server."""
+
+    spec = "no_ids"
+
+
+@dataclass(frozen=True)
+class Status:
+    """An error answer with this HTTP status."""
+
+    code: int
+    message: str | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"status:{self.code}" + ("" if self.message is None else f":{self.message}")
+
+
+@dataclass(frozen=True)
+class DieAfter:
+    """Stream this many chunks, then drop the connection."""
+
+    chunks: int
+
+    @property
+    def spec(self) -> str:
+        return f"die_after:{self.chunks}"
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """Stream this many chunks, then vLLM's error event and [DONE]."""
+
+    chunks: int
+
+    @property
+    def spec(self) -> str:
+        return f"error_event:{self.chunks}"
+
+
+@dataclass(frozen=True)
+class Garble:
+    """A whole body, or stream chunk `chunk`, cut off mid-JSON."""
+
+    chunk: int | None = None
+
+    @property
+    def spec(self) -> str:
+        return "garble" if self.chunk is None else f"garble:{self.chunk}"
+
+
+@dataclass(frozen=True)
+class NoLogprob:
+    """A logprob entry without its `logprob` (in a whole body, or in stream chunk `chunk`)."""
+
+    chunk: int | None = None
+
+    @property
+    def spec(self) -> str:
+        return "no_logprob" if self.chunk is None else f"no_logprob:{self.chunk}"
+
+
+@dataclass(frozen=True)
+class BadIds:
+    """A token id that is a string (in a whole body, or in stream chunk `chunk`)."""
+
+    chunk: int | None = None
+
+    @property
+    def spec(self) -> str:
+        return "bad_ids" if self.chunk is None else f"bad_ids:{self.chunk}"
+
+
+Fault = Refuse | Hang | NoIds | Status | DieAfter | ErrorEvent | Garble | NoLogprob | BadIds
+Malformed = (Garble, NoLogprob, BadIds, ErrorEvent)
+"""Faults after which the engine logs no `sent`: what it wrote is not the answer it planned."""
+
+
+def parse_fault(spec: str) -> Fault | None:
+    """A fault from its `spec` text; "none" (or "") is no fault."""
+    kind, _, rest = spec.partition(":")
+    chunk = int(rest) if rest.isdigit() else None
+    match kind:
+        case "" | "none":
+            return None
+        case "refuse":
+            return Refuse()
+        case "hang":
+            return Hang()
+        case "no_ids":
+            return NoIds()
+        case "status":
+            code, _, message = rest.partition(":")
+            return Status(int(code), message if message or rest.endswith(":") else None)
+        case "die_after" if chunk is not None:
+            return DieAfter(chunk)
+        case "error_event" if chunk is not None:
+            return ErrorEvent(chunk)
+        case "garble":
+            return Garble(chunk)
+        case "no_logprob":
+            return NoLogprob(chunk)
+        case "bad_ids":
+            return BadIds(chunk)
+    raise ValueError(f"unknown fault {spec!r}")
+
+
+def _stream_chunk(fault: Fault | None) -> int | None:
+    """The stream chunk a fault strikes at, if it strikes a stream at all."""
+    match fault:
+        case DieAfter(chunks=k) | ErrorEvent(chunks=k):
+            return k
+        case Garble(chunk=k) | NoLogprob(chunk=k) | BadIds(chunk=k):
+            return k
+    return None
+
+
 @dataclass
 class Reply:
     text: str = "ok"
     tool_calls: list[dict[str, Any]] | None = None
     """[{"name": ..., "arguments": "<json string>", "id"?: ...}]: rendered as <tool_call> text."""
-    fault: str | None = None
+    fault: Fault | None = None
     token_delay: float = 0.0
     reasoning: str | None = None
 
@@ -455,27 +588,26 @@ class FakeVLLM:
             self.requests.append((request.path, CIMultiDict(request.headers), body))
         self.served += 1
         reply = self.script(body)
-        fault = request.headers.get("x-fake-fault") or reply.fault or ""
-        if fault == "refuse":
+        header_fault = request.headers.get("x-fake-fault")
+        fault = parse_fault(header_fault) if header_fault else reply.fault
+        if isinstance(fault, Refuse):
             assert request.transport is not None
             request.transport.close()
             raise web.HTTPInternalServerError()
-        if fault.startswith("status:"):
-            _, code, *said = fault.split(":", 2)
-            status = int(code)
+        if isinstance(fault, Status):
             return web.json_response(
                 {
                     "error": {
-                        "message": said[0] if said else "fake failure",
+                        "message": fault.message if fault.message is not None else "fake failure",
                         "type": "InternalServerError",
-                        "code": status,
+                        "code": fault.code,
                     }
                 },
-                status=status,
+                status=fault.code,
             )
-        if fault == "hang":
+        if isinstance(fault, Hang):
             await asyncio.sleep(3600)
-        with_ids = body.get("return_token_ids") is True and fault != "no_ids"
+        with_ids = body.get("return_token_ids") is True and not isinstance(fault, NoIds)
         if self.sglang:
             if body.get("stream") and (
                 body.get("return_token_ids") or body.get("return_meta_info")
@@ -516,10 +648,10 @@ class FakeVLLM:
                 )
         except (ConnectionResetError, asyncio.CancelledError):
             # aiohttp cancels the handler, or the next write fails, once the client left.
-            if not fault.startswith("die_after:"):
+            if not isinstance(fault, DieAfter):
                 self.disconnects += 1
             raise
-        if not fault.startswith(("garble", "no_logprob", "bad_ids", "error_event")):
+        if not isinstance(fault, Malformed):
             self._log(request_id, sent)
         return response
 
@@ -530,7 +662,7 @@ class FakeVLLM:
         prompt: list[int],
         choices: list[dict[str, Any]],
         with_ids: bool,
-        fault: str,
+        fault: Fault | None,
         reply: Reply,
         aborted: Callable[[], bool],
     ) -> web.Response:
@@ -577,12 +709,12 @@ class FakeVLLM:
         routing = self.routing(prompt + choices[0]["ids"], body)
         if self.sglang and routing is not None and not body.get("return_meta_info"):
             payload["sglext"] = {"routed_experts": routing}  # response level: the first choice's
-        if fault.startswith("no_logprob") and out_choices[0]["logprobs"]:
+        if isinstance(fault, NoLogprob) and out_choices[0]["logprobs"]:
             _drop_logprob(out_choices[0])
-        if fault.startswith("bad_ids"):
+        if isinstance(fault, BadIds):
             out_choices[0]["token_ids"] = [*out_choices[0].get("token_ids", ()), "not-an-id"]
         raw = orjson.dumps(payload)
-        if fault.startswith("garble"):
+        if isinstance(fault, Garble):
             raw = raw[: len(raw) // 2]
         return web.Response(body=raw, content_type="application/json")
 
@@ -644,37 +776,36 @@ class FakeVLLM:
         prompt: list[int],
         choices: list[dict[str, Any]],
         with_ids: bool,
-        fault: str,
+        fault: Fault | None,
         reply: Reply,
         aborted: Callable[[], bool],
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        kind, _, at = fault.partition(":")
-        fault_at = int(at) if at.isdigit() else None
+        fault_at = _stream_chunk(fault)
         delay = reply.token_delay or self.token_delay
         sent = 0
         chunk_base = {**header, "object": "chat.completion.chunk"}
 
         async def send(obj: dict[str, Any]) -> None:
             nonlocal sent
-            if sent == fault_at and kind == "die_after":
+            if sent == fault_at and isinstance(fault, DieAfter):
                 assert request.transport is not None
                 request.transport.abort()
                 raise ConnectionResetError("fake engine died")
-            if sent == fault_at and kind == "error_event":
+            if sent == fault_at and isinstance(fault, ErrorEvent):
                 error = {"message": "fake failure mid-stream", "type": "InternalServerError"}
                 await resp.write(b"data: " + orjson.dumps({"error": {**error, "code": 500}}))
                 await resp.write(b"\n\ndata: [DONE]\n\n")
                 raise _Ended
-            if sent == fault_at and kind == "no_logprob":
+            if sent == fault_at and isinstance(fault, NoLogprob):
                 for choice in obj["choices"]:
                     _drop_logprob(choice)
-            if sent == fault_at and kind == "bad_ids":
+            if sent == fault_at and isinstance(fault, BadIds):
                 for choice in obj["choices"]:
                     choice["token_ids"] = ["not-an-id"]
             raw = orjson.dumps(obj)
-            if sent == fault_at and kind == "garble":
+            if sent == fault_at and isinstance(fault, Garble):
                 raw = raw[: len(raw) // 2]
             await resp.write(b"data: " + raw + b"\n\n")
             sent += 1
@@ -837,7 +968,7 @@ def main() -> None:
         # A client picks a fault for its call with "fault=<spec>" in its last message.
         last = str(body["messages"][-1].get("content") or "")
         if "fault=" in last:
-            reply.fault = last.split("fault=", 1)[1].split()[0]
+            reply.fault = parse_fault(last.split("fault=", 1)[1].split()[0])
         return reply
 
     fake = FakeVLLM(

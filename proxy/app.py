@@ -16,7 +16,7 @@ from .context import CONTEXT, ProxyContext, ProxySettings
 from .control import admin, replicated, weights
 from .control.control_bus import bus_for
 from .control.expiry import expiring
-from .control.gate import Gate
+from .control.hold import WeightHold
 from .dialects import messages_render, responses_render
 from .dialects.chat import chat_completions
 from .dialects.errors import UpstreamUnavailable
@@ -72,7 +72,7 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         rollouts=Rollouts(store, router=router, open_mode=settings.open_mode),
         pool=pool,
         router=router,
-        gate=Gate(settings.weight_version),
+        hold=WeightHold(settings.weight_version),
         metrics=metrics,
         recall=Recall(handles, store, recorded),
         bus=bus_for(store.db.url),
@@ -101,7 +101,7 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         )
     )
     metrics.gauges.append(
-        Gauge("rolltap_paused", "1 while calls are held.", lambda: [((), int(ctx.gate.paused))])
+        Gauge("rolltap_paused", "1 while calls are held.", lambda: [((), int(ctx.hold.paused))])
     )
     return ctx
 

@@ -1,4 +1,4 @@
-"""What every handler shares: settings, the store, backends, routing, the gate and metrics."""
+"""What every handler shares: settings, the store, backends, routing, the hold and metrics."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from aiohttp import web
 from ..analysis.toolparse import kind
 from ..store import CallStatus, RolloutStatus, Store
 from .control.control_bus import ControlBus
-from .control.gate import Gate
+from .control.hold import WeightHold
 from .dialects.recall import Recall
 from .metrics import ProxyMetrics
 from .rollouts import Rollouts, RolloutState
@@ -90,7 +90,7 @@ class ProxyContext:
     rollouts: Rollouts
     pool: BackendPool
     router: StickyRouter
-    gate: Gate
+    hold: WeightHold
     metrics: ProxyMetrics
     recall: Recall
     """Earlier answers of each rollout, for restoring a harness's history (recall.py)."""

@@ -166,19 +166,19 @@ async def serve_until_stopped(
 async def _drain(
     proxy: RunningProxy, seconds: float, hurry: asyncio.Event, say: Callable[[str], None]
 ) -> None:
-    gate = proxy.ctx.gate
-    if not gate.inflight:
+    hold = proxy.ctx.hold
+    if not hold.inflight:
         return
     say(
-        f"stopping: waiting up to {seconds:g} s for {gate.inflight} call(s) in flight "
+        f"stopping: waiting up to {seconds:g} s for {hold.inflight} call(s) in flight "
         "(signal again to stop now)"
     )
-    drained = asyncio.ensure_future(gate.drained())
+    drained = asyncio.ensure_future(hold.drained())
     hurried = asyncio.ensure_future(hurry.wait())
     try:
         await asyncio.wait({drained, hurried}, timeout=seconds, return_when=FIRST_COMPLETED)
     finally:
         drained.cancel()
         hurried.cancel()
-    if gate.inflight:
-        say(f"stopping now: {gate.inflight} call(s) still in flight end as failed")
+    if hold.inflight:
+        say(f"stopping now: {hold.inflight} call(s) still in flight end as failed")

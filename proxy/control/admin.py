@@ -309,18 +309,18 @@ async def resume(request: web.Request) -> web.Response:
     if version is not None and not isinstance(version, str | int):
         raise BadRequest("'weight_version' must be a string", param="weight_version")
     await replicated.resume(ctx, None if version is None else str(version))
-    return respond({"paused": False, "weight_version": ctx.gate.weight_version})
+    return respond({"paused": False, "weight_version": ctx.hold.weight_version})
 
 
 async def status(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     return respond(
         {
-            "paused": ctx.gate.paused,
-            "inflight": ctx.gate.inflight,
-            "waiting": ctx.gate.waiting,
-            "weight_version": ctx.gate.weight_version,
-            "weight_epoch": ctx.gate.epoch,
+            "paused": ctx.hold.paused,
+            "inflight": ctx.hold.inflight,
+            "waiting": ctx.hold.waiting,
+            "weight_version": ctx.hold.weight_version,
+            "weight_epoch": ctx.hold.epoch,
             "backends": [_backend_json(b) for b in ctx.pool.all()],
         }
     )

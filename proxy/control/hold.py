@@ -1,9 +1,9 @@
 """Holding engine calls around weight updates, and the order of the policy versions.
 
-A paused gate makes new calls wait (they are never refused); calls already dispatched either
+A paused hold makes new calls wait (they are never refused); calls already dispatched either
 run to their end (`drain`) or are aborted by their engine and resumed after the update
 (`abort_resume`: the relay records the partial answer, waits here, and continues it token-in
-on the new weights). `commit` reopens the gate under a new version. Versions are ordered by
+on the new weights). `commit` reopens the hold under a new version. Versions are ordered by
 the order they were committed here (`epoch_of`), which is what staleness counts in: a label's
 text says nothing about its age ("10" sorts before "9").
 """
@@ -34,7 +34,7 @@ class UpdateInProgress(Exception):
     """A weight update is already under way (one at a time)."""
 
 
-class Gate:
+class WeightHold:
     def __init__(self, weight_version: str | None = None) -> None:
         self._open = asyncio.Event()
         self._open.set()
@@ -75,7 +75,7 @@ class Gate:
     async def wait_out(self) -> str | None:
         """For a call in flight that must wait for the update under way (its answer was aborted
         and resumes after it): it stops counting as in flight, so the update can go ahead, and
-        counts again once the gate opens; returns the version then in force. The caller's one
+        counts again once the hold opens; returns the version then in force. The caller's one
         `leave` balances it either way, even if it is cancelled while waiting."""
         self.leave()
         try:
@@ -147,7 +147,7 @@ class Gate:
         return sorted(self._epochs.items(), key=lambda item: item[1])
 
     def snapshot(self) -> dict[str, object]:
-        """What another replica needs to hold the same gate (proxy/control/replicated.py)."""
+        """What another replica needs to mirror this hold (proxy/control/replicated.py)."""
         return {
             "paused": self.paused,
             "update": None if self.update is None else self.update.mode.value,
@@ -156,7 +156,7 @@ class Gate:
         }
 
     def adopt(self, snapshot: dict[str, object]) -> None:
-        """Take over another replica's gate: its versions and their order, and whether it holds
+        """Take over another replica's hold: its versions and their order, and whether it holds
         calls (a replica that joins, or listens again, during a weight update holds them too;
         one that missed the resume opens)."""
         history = snapshot.get("history")

@@ -13,13 +13,13 @@ Replicas of one proxy share a PostgreSQL store (docs/scale.md). What they share 
   bound is
   each replica's own: a replica whose share of a backend is over its bound sends a new rollout
   to the next backend on the ring, and only then can two replicas disagree about it.
-- The gate and the backend set: here. The replica that takes an admin or /v1/weights call
+- The hold and the backend set: here. The replica that takes an admin or /v1/weights call
   applies it to itself and publishes it (proxy/control/control_bus.py); every other replica applies
   it
   and replies `held` once it holds new calls and `drained` once its calls in flight ended. So
   pause, `begin` and their `drained` answers speak for every replica, an abort_resume update
   aborts the engines only once every replica expects it, and commits advance the version on
-  every replica in the same order. A replica that starts later asks for the others' gate.
+  every replica in the same order. A replica that starts later asks for the others' hold.
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ from ..dialects.errors import Conflict
 from ..upstream.backends import parse_backend
 from . import engine_control
 from .control_bus import Order, Sent, SoloBus
-from .gate import UpdateInProgress, UpdateMode
+from .hold import UpdateInProgress, UpdateMode
 
 HELD_WITHIN = 10.0
 """Seconds a replica has to confirm it holds new calls."""
 STATE_WITHIN = 2.0
-"""Seconds a starting replica waits for another's gate."""
+"""Seconds a starting replica waits for another's hold."""
 
 
 async def join(ctx: ProxyContext) -> None:
-    """Start listening; with other replicas live, take over their gate (again after the
+    """Start listening; with other replicas live, take over their hold (again after the
     listening connection was lost and restored)."""
     await ctx.bus.start(lambda order: apply(ctx, order), lambda: _take_state(ctx))
 
@@ -52,7 +52,7 @@ async def _take_state(ctx: ProxyContext) -> None:
     if sent.peers:
         states = await ctx.bus.replies(sent, "state", STATE_WITHIN)
         if states:
-            ctx.gate.adopt(next(iter(states.values())))
+            ctx.hold.adopt(next(iter(states.values())))
 
 
 def check_reach(ctx: ProxyContext) -> None:
@@ -69,13 +69,13 @@ def check_reach(ctx: ProxyContext) -> None:
 async def pause(ctx: ProxyContext, wait: float | None) -> dict[str, Any]:
     """Hold new calls on every replica; with `wait`, until their calls in flight ended."""
     check_reach(ctx)
-    ctx.gate.pause()
+    ctx.hold.pause()
     sent = await ctx.bus.publish("pause", {"wait": wait})
     held = await ctx.bus.replies(sent, "held", HELD_WITHIN)
     if wait:
-        local = await ctx.gate.drained(wait)
+        local = await ctx.hold.drained(wait)
         drained = local and _all(sent, await _drained(ctx, sent, wait))
-    inflight = ctx.gate.inflight + sum(int(h.get("inflight", 0)) for h in held.values())
+    inflight = ctx.hold.inflight + sum(int(h.get("inflight", 0)) for h in held.values())
     if not wait:
         drained = inflight == 0
     return {
@@ -88,12 +88,12 @@ async def pause(ctx: ProxyContext, wait: float | None) -> dict[str, Any]:
 
 async def resume(ctx: ProxyContext, version: str | None) -> None:
     check_reach(ctx)
-    ctx.gate.resume(version)
+    ctx.hold.resume(version)
     await ctx.bus.publish("resume", {"version": version})
 
 
 async def begin(ctx: ProxyContext, mode: UpdateMode, timeout: float) -> dict[str, Any]:
-    """This replica's gate has begun `mode`: stop dispatching on the others too, abort the
+    """This replica's hold has begun `mode`: stop dispatching on the others too, abort the
     engines' answers (abort_resume) once every replica expects it, and wait for every
     replica's calls in flight."""
     sent = await ctx.bus.publish("begin", {"mode": mode.value, "timeout": timeout})
@@ -102,7 +102,7 @@ async def begin(ctx: ProxyContext, mode: UpdateMode, timeout: float) -> dict[str
     if mode is UpdateMode.ABORT_RESUME:
         results = await engine_control.abort_all(ctx.client(), ctx.pool.all())
         aborted = [r.as_dict() for r in results]
-    local = await ctx.gate.drained(timeout)
+    local = await ctx.hold.drained(timeout)
     drained = await _drained(ctx, sent, timeout)
     return {
         "drained": local and _all(sent, drained),
@@ -112,13 +112,13 @@ async def begin(ctx: ProxyContext, mode: UpdateMode, timeout: float) -> dict[str
 
 
 async def commit(ctx: ProxyContext, version: str) -> float:
-    held = ctx.gate.commit(version)
+    held = ctx.hold.commit(version)
     await ctx.bus.publish("commit", {"version": version})
     return held
 
 
 async def cancel(ctx: ProxyContext) -> float:
-    held = ctx.gate.cancel()
+    held = ctx.hold.cancel()
     await ctx.bus.publish("cancel")
     return held
 
@@ -132,27 +132,27 @@ async def remove_backend(ctx: ProxyContext, url: str) -> None:
 
 
 async def apply(ctx: ProxyContext, order: Order) -> None:
-    """Another replica's order, applied here. The gate changes before the first await (the bus
+    """Another replica's order, applied here. The hold changes before the first await (the bus
     relies on it to keep orders in sequence)."""
-    gate, args = ctx.gate, order.args
+    hold, args = ctx.hold, order.args
     if order.op == "hello":
-        await ctx.bus.reply(order, "state", gate.snapshot())
+        await ctx.bus.reply(order, "state", hold.snapshot())
     elif order.op == "pause":
-        gate.pause()
+        hold.pause()
         await _hold_then_drain(ctx, order, args.get("wait"))
     elif order.op == "begin":
         # A replica already in an update holds all the same; its calls drain as well.
         with contextlib.suppress(UpdateInProgress):
-            gate.begin(UpdateMode(str(args["mode"])))
+            hold.begin(UpdateMode(str(args["mode"])))
         await _hold_then_drain(ctx, order, float(args.get("timeout") or 0.0))
     elif order.op == "resume":
-        gate.resume(_version(args))
+        hold.resume(_version(args))
     elif order.op == "commit":
         version = _version(args)
         if version is not None:
-            gate.commit(version)
+            hold.commit(version)
     elif order.op == "cancel":
-        gate.cancel()
+        hold.cancel()
     elif order.op == "backend_add":
         url, kind = parse_backend(str(args["spec"]))
         ctx.pool.add(url, kind)
@@ -163,9 +163,9 @@ async def apply(ctx: ProxyContext, order: Order) -> None:
 
 
 async def _hold_then_drain(ctx: ProxyContext, order: Order, wait: object) -> None:
-    await ctx.bus.reply(order, "held", {"inflight": ctx.gate.inflight})
+    await ctx.bus.reply(order, "held", {"inflight": ctx.hold.inflight})
     if isinstance(wait, int | float) and wait > 0:
-        drained = await ctx.gate.drained(float(wait))
+        drained = await ctx.hold.drained(float(wait))
         await ctx.bus.reply(order, "drained", {"drained": drained})
 
 

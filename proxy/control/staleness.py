@@ -1,12 +1,12 @@
 """A batch's bound on staleness, held where each call of a rollout is dispatched.
 
 A rollout is `gap` weight updates behind when the version its oldest recorded answer was
-sampled with was committed `gap` updates before the version in force: the gate's order of
-commits (Gate.epoch_of), counted as the rollout service counts a finished sample's staleness
+sampled with was committed `gap` updates before the version in force: the hold's order of
+commits (WeightHold.epoch_of), counted as the rollout service counts a finished sample's staleness
 (runner/service/clock.py, groups.py), so the two agree; a rollout with no answer recorded yet is
 behind nothing. The rollout service puts the bound in each
 rollout's meta, `{"staleness": {"max_staleness": N, "stale": "flag" | "drop" | "relaunch"}}`,
-and the proxy checks it whenever the gate lets one of the rollout's calls go to an engine: a new
+and the proxy checks it whenever the hold lets one of the rollout's calls go to an engine: a new
 call, or the continuation of one an abort_resume update cut. Past the bound:
 
 - flag: the call goes on; meta["stale"] records the first gap found past it;
@@ -91,12 +91,12 @@ def ended_stale(meta: Mapping[str, Any], policy: StalePolicy | None = None) -> b
 
 
 async def hold_bound(ctx: ProxyContext, state: RolloutState) -> None:
-    """Check the rollout against its bound as the gate lets one of its calls through; raises
+    """Check the rollout against its bound as the hold lets one of its calls through; raises
     StaleRollout when the call must not reach an engine."""
     bound, oldest = state.stale_bound, state.oldest_version
     if bound is None or oldest is None:
         return
-    gap = ctx.gate.epoch - ctx.gate.epoch_of(oldest)
+    gap = ctx.hold.epoch - ctx.hold.epoch_of(oldest)
     if gap <= bound.max_staleness:
         return
     ends = bound.policy in ENDS_ROLLOUT
@@ -115,7 +115,7 @@ async def hold_bound(ctx: ProxyContext, state: RolloutState) -> None:
             "gap": gap,
             "max_staleness": bound.max_staleness,
             "oldest_version": oldest,
-            "version": ctx.gate.weight_version,
+            "version": ctx.hold.weight_version,
         }
         await _record(ctx, state.id, mark, message if ends else None)
     if ends:

@@ -33,7 +33,7 @@ from ..context import CONTEXT, ProxyContext
 from ..dialects.errors import BadRequest, Conflict
 from . import engine_control, replicated
 from .admin import read_object, respond
-from .gate import UpdateInProgress, UpdateMode, WeightUpdate
+from .hold import UpdateInProgress, UpdateMode, WeightUpdate
 
 log = logging.getLogger("rolltap.proxy")
 
@@ -49,16 +49,16 @@ def add_routes(app: web.Application) -> None:
 
 
 def weights_json(ctx: ProxyContext) -> dict[str, Any]:
-    gate = ctx.gate
-    update = gate.update
+    hold = ctx.hold
+    update = hold.update
     return {
-        "weight_version": gate.weight_version,
-        "epoch": gate.epoch,
-        "paused": gate.paused,
+        "weight_version": hold.weight_version,
+        "epoch": hold.epoch,
+        "paused": hold.paused,
         "update": None if update is None else {"mode": update.mode.value},
-        "inflight": gate.inflight,
-        "waiting": gate.waiting,
-        "history": [{"version": v, "epoch": e} for v, e in gate.history()],
+        "inflight": hold.inflight,
+        "waiting": hold.waiting,
+        "history": [{"version": v, "epoch": e} for v, e in hold.history()],
     }
 
 
@@ -76,7 +76,7 @@ async def begin(request: web.Request) -> web.Response:
         lease = _seconds(lease, "lease")
     replicated.check_reach(ctx)
     try:
-        update = ctx.gate.begin(mode)
+        update = ctx.hold.begin(mode)
     except UpdateInProgress as e:
         raise Conflict(str(e), code="update_in_progress") from None
     if lease is not None:
@@ -95,7 +95,7 @@ async def commit(request: web.Request) -> web.Response:
         raise BadRequest(
             f"'version' must be a string of 1 to {MAX_VERSION_CHARS} characters", param="version"
         )
-    if ctx.gate.update is None:
+    if ctx.hold.update is None:
         raise Conflict(
             "no weight update is under way: POST /v1/weights/begin first", code="no_update"
         )
@@ -111,7 +111,7 @@ async def commit(request: web.Request) -> web.Response:
             "model_path": model_path,
             "load_format": load_format,
             "weight_version": version,
-            "abort_all_requests": ctx.gate.aborting,
+            "abort_all_requests": ctx.hold.aborting,
             "flush_cache": True,
         }
         results = await engine_control.load_weights(ctx.client(), ctx.pool.all(), order)
@@ -144,7 +144,7 @@ async def commit(request: web.Request) -> web.Response:
 
 async def cancel(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    if ctx.gate.update is None:
+    if ctx.hold.update is None:
         raise Conflict("no weight update is under way", code="no_update")
     held = await replicated.cancel(ctx)
     return respond({**weights_json(ctx), "held_seconds": held})
@@ -161,7 +161,7 @@ def _mode(value: object) -> UpdateMode:
 def _expire(ctx: ProxyContext, update: WeightUpdate) -> None:
     """The trainer neither committed nor cancelled within its lease (it died, say): calls go
     on, on the weights they had, rather than wait for ever."""
-    if ctx.gate.update is update:
+    if ctx.hold.update is update:
         log.warning("weight update not committed within its lease: cancelled")
         replicated.spawn_cancel(ctx)
 

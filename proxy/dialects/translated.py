@@ -1,7 +1,7 @@
 """POST handlers of dialects served through chat completions (Responses, Messages): one flow.
 
 Intake, budgets and retry links are the chat handler's; then the harness's history is restored
-(history.py), the chat request runs through relay.py (the gate, failover, capture, the record,
+(history.py), the chat request runs through relay.py (the hold, failover, capture, the record,
 failures and a client leaving), and `TranslatedRendering` renders the answer in the client's
 dialect event by event. The record holds the client's
 request, the chat request sent, and the client's response (the whole object for streams).

@@ -137,7 +137,7 @@ class EngineCall:
         self._prepared: Prepared | None = None
         self.error: EngineError | None = None
         self._aborts = 0
-        """The gate's abort_resume count when this call was dispatched."""
+        """The hold's abort_resume count when this call was dispatched."""
         self._kind: EngineKind | None = None
         self._head: dict[str, Any] = {}
         """id, created and model of the first streamed chunk (a continuation keeps them)."""
@@ -159,7 +159,7 @@ class EngineCall:
             total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
         )
         excluded: set[str] = set()
-        self._aborts = self._ctx.gate.aborts
+        self._aborts = self._ctx.hold.aborts
         while True:
             upstream = await open_upstream(
                 self._ctx.client(),
@@ -204,7 +204,7 @@ class EngineCall:
     def _prepare(self, kind: EngineKind) -> Prepared:
         body = self._body
         if kind is EngineKind.VLLM and self._ctx.settings.cache_salt:
-            # Dispatched now, under the gate's current version (relay.py entered it).
+            # Dispatched now, under the hold's current version (relay.py entered it).
             salt = cache_salt(self._exchange.weight_version, body.get("cache_salt"))
             body = {**body, "cache_salt": salt}
         if self._route is not None:
@@ -286,7 +286,7 @@ class EngineCall:
 
     def _may_resume(self) -> bool:
         """Whether an abort read now could be continued, as far as the call alone tells."""
-        if self._rollout is None or self._ctx.gate.aborts <= self._aborts:
+        if self._rollout is None or self._ctx.hold.aborts <= self._aborts:
             return False
         return (self._body.get("n") or 1) == 1 and self._kind is EngineKind.VLLM
 
@@ -337,7 +337,7 @@ class EngineCall:
         exchange.notes.append(f"continues {first.call_id}, aborted for a weight update")
         exchange.captured = Captured(prompt_ids=prompt + partial)
         self._continuation = resume.continuation_request(self.prepared.body, prompt, partial)
-        exchange.weight_version = await self._ctx.gate.wait_out()
+        exchange.weight_version = await self._ctx.hold.wait_out()
         await hold_bound(self._ctx, self._rollout)  # the continuation goes to an engine too
         if "cache_salt" in self._continuation:
             # Continued on the new weights: none of the old version's cache may serve it.

@@ -1,9 +1,9 @@
-"""One engine call, from the pause gate to its record, for whichever dialect the client speaks.
+"""One engine call, from the weight hold to its record, for whichever dialect the client speaks.
 
 Chat Completions, Responses and Messages all run their engine call through `relay`; a dialect
 only says how the answer looks to its client (a `Rendering`). The life of a call:
 
-    gate -> dispatch (failover) -+- no backend ------------> record FAILED -> error (middleware)
+    hold -> dispatch (failover) -+- no backend ------------> record FAILED -> error (middleware)
                                  +- engine refused --------> record FAILED -> the refusal
                                  +- whole answer -> read -> render -> record OK -> 200
                                  |     broken, unreadable -> record FAILED -> 502 in the dialect
@@ -12,7 +12,7 @@ only says how the answer looks to its client (a `Rendering`). The life of a call
                                        any error -> record FAILED -> the dialect's error event
     the client leaves at any point -> abort the engine request -> record CANCELLED
 
-Every call that reached the gate is recorded exactly once, with whatever was received, and the
+Every call that reached the hold is recorded exactly once, with whatever was received, and the
 record is shielded: a client that leaves (aiohttp cancels the handler, `handler_cancellation`)
 cannot interrupt it. A stream's ending (chat: the chunks carrying the last `finish_reason` and
 usage, then `[DONE]`; Responses: `response.completed`; Messages: `message_stop`) is written only
@@ -135,10 +135,10 @@ class _Relay:
         self._recorded = False
 
     async def run(self, rendering: Callable[[EngineAnswer], Rendering]) -> web.StreamResponse:
-        gate = self._taken.ctx.gate
+        hold = self._taken.ctx.hold
         entered = False
         try:
-            self._exchange.weight_version = await gate.enter()
+            self._exchange.weight_version = await hold.enter()
             entered = True
             # Checked here, not at admission: a call that waited out an update runs on the new
             # weights, and is judged by them.
@@ -158,7 +158,7 @@ class _Relay:
         finally:
             self._call.close()
             if entered:
-                gate.leave()
+                hold.leave()
             observe_call(self._taken)
 
     async def _refused(self, rendering: Rendering, error: EngineError) -> web.Response:

@@ -3,7 +3,7 @@
 When an abort_resume update begins (proxy/control/weights.py), the engines end their running
 requests
 with finish_reason "abort" and what they sampled so far. The call reading such an answer
-(call.py) records the partial answer as a call of its own, with its version; waits at the gate
+(call.py) records the partial answer as a call of its own, with its version; waits at the hold
 like any new call; and, once the update is committed, sends the prompt followed by the partial
 ids to the same engine's /v1/completions, token-in, with the same sampling options and what is
 left of the token budget. That second call is stamped with the new version and linked to the

@@ -10,7 +10,7 @@ idempotency), `routes` (HTTP), `clock` (policy versions, for staleness).
 
 from ...proxy.control.staleness import StalePolicy
 from .batch import Batch, BatchStatus
-from .clock import GateClock, PolicyClock, RemoteClock, VersionClock
+from .clock import HoldClock, PolicyClock, RemoteClock, VersionClock
 from .embedded import RunnerSettings, extension, service_for
 from .executor import ExecutorFactory, LocalHost, RolloutExecutor, local_executors
 from .routes import SERVICE, mount
@@ -23,7 +23,7 @@ __all__ = [
     "BatchSpec",
     "BatchStatus",
     "ExecutorFactory",
-    "GateClock",
+    "HoldClock",
     "Keep",
     "LocalHost",
     "PolicyClock",

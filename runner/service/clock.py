@@ -1,8 +1,8 @@
 """The policy's version clock as the rollout service reads it: how stale a sample is.
 
 Staleness counts weight updates: a sample whose oldest call was sampled with the version
-committed at epoch e is `epoch - e` versions old (see rolltap.proxy.control.gate). In
-`serve --runner` the clock is the proxy's own gate; a service running as its own process reads the
+committed at epoch e is `epoch - e` versions old (see rolltap.proxy.control.hold). In
+`serve --runner` the clock is the proxy's own hold; a service running as its own process reads the
 proxy's
 GET /v1/weights.
 """
@@ -15,7 +15,7 @@ from typing import Protocol
 
 import aiohttp
 
-from ...proxy.control.gate import Gate
+from ...proxy.control.hold import WeightHold
 
 
 @dataclass(frozen=True)
@@ -37,15 +37,15 @@ class PolicyClock(Protocol):
     async def read(self) -> VersionClock: ...
 
 
-class GateClock:
+class HoldClock:
     """The clock of the proxy this service runs in."""
 
-    def __init__(self, gate: Gate) -> None:
-        self._gate = gate
+    def __init__(self, hold: WeightHold) -> None:
+        self._hold = hold
 
     async def read(self) -> VersionClock:
-        gate = self._gate
-        return VersionClock(gate.epoch, dict(gate.history()), gate.weight_version)
+        hold = self._hold
+        return VersionClock(hold.epoch, dict(hold.history()), hold.weight_version)
 
 
 class RemoteClock:

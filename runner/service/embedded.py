@@ -1,6 +1,6 @@
 """The rollout service inside the proxy (`rolltap serve --runner`): one process, one store.
 
-Rollouts reach the proxy through its unix socket, the version clock is its gate, and the model
+Rollouts reach the proxy through its unix socket, the version clock is its hold, and the model
 harnesses ask for is whatever its first healthy backend serves.
 """
 
@@ -19,7 +19,7 @@ from ...proxy.dialects.errors import UpstreamUnavailable
 from ..egress import EgressSettings
 from ..harnesses import Harness, Installation, adapters, builtins
 from ..rollout import Pools
-from .clock import GateClock
+from .clock import HoldClock
 from .executor import LocalHost, ProviderOpener, local_executors
 from .routes import mount
 from .service import Service
@@ -84,7 +84,7 @@ def service_for(ctx: ProxyContext, settings: RunnerSettings) -> Service:
         executors = ray_executors(ctx, settings.ray_address, model.name)
     return Service(
         ctx.store,
-        GateClock(ctx.gate),
+        HoldClock(ctx.hold),
         executors,
         harnesses=harnesses,
         model=model.resolve,

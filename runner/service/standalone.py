@@ -95,7 +95,7 @@ def _auth(token: str | None) -> Middleware:
 
 
 def _forward_weights(settings: StandaloneSettings) -> Handler:
-    """/v1/weights* to the proxy, whose gate holds the calls: one address for the trainer."""
+    """/v1/weights* to the proxy, whose weight hold holds the calls: one address for the trainer."""
     headers = {"Authorization": f"Bearer {settings.admin_token}"} if settings.admin_token else {}
 
     async def forward(request: web.Request) -> web.StreamResponse:

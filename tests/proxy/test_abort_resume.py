@@ -184,7 +184,7 @@ async def test_calls_dispatched_during_the_update_wait_and_are_not_aborted(
         async with aiohttp.ClientSession() as session:
             await _post(session, f"{proxy.url}/v1/weights/begin", {"mode": "abort_resume"})
             held = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
-            await until(lambda: proxy.ctx.gate.waiting == 1)
+            await until(lambda: proxy.ctx.hold.waiting == 1)
             await _post(session, f"{proxy.url}/v1/weights/commit", {"version": "2"})
         answer = await held
 

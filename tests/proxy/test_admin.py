@@ -125,7 +125,7 @@ async def test_pause_holds_new_calls_lets_inflight_finish_and_stamps_versions(
         created = await store.create_rollout()
         client = sdk(f"{proxy.url}/r/{created.key}/v1")
         inflight = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
-        while proxy.ctx.gate.inflight == 0:  # the call is with the engine
+        while proxy.ctx.hold.inflight == 0:  # the call is with the engine
             await asyncio.sleep(0.01)
         async with aiohttp.ClientSession() as session:
             status, paused = await _json(session, "POST", f"{proxy.url}/admin/pause?wait=10")

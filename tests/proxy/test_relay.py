@@ -268,9 +268,9 @@ async def test_a_client_leaving_a_whole_answer_stops_the_engine(
 
 
 async def _idle(proxy: RunningProxy) -> None:
-    """Nothing is left counted in flight, at the gate or on any backend."""
+    """Nothing is left counted in flight, at the hold or on any backend."""
     for _ in range(100):
-        if proxy.ctx.gate.inflight == 0 and all(b.inflight == 0 for b in proxy.ctx.pool.all()):
+        if proxy.ctx.hold.inflight == 0 and all(b.inflight == 0 for b in proxy.ctx.pool.all()):
             return
         await asyncio.sleep(0.02)
     raise AssertionError("a call is still counted in flight")
@@ -321,11 +321,11 @@ async def test_the_real_engine_stops_generating_when_the_client_leaves(
 async def test_a_client_leaving_while_held_at_the_gate_is_recorded(store: Store) -> None:
     async with fake_engine() as engine, running_proxy(store, engine.url) as proxy:
         rollout_id, key = await new_rollout(store)
-        proxy.ctx.gate.pause()  # a weight update holds new calls
+        proxy.ctx.hold.pause()  # a weight update holds new calls
         client = asyncio.create_task(
             post(f"{proxy.url}/r/{key}/v1/chat/completions", {"messages": [USER]})
         )
-        while proxy.ctx.gate.waiting == 0:
+        while proxy.ctx.hold.waiting == 0:
             await asyncio.sleep(0.01)
 
         client.cancel()
@@ -333,9 +333,9 @@ async def test_a_client_leaving_while_held_at_the_gate_is_recorded(store: Store)
         call = await only_call(store, rollout_id)
         assert call.status is CallStatus.CANCELLED
         assert call.error == "client disconnected before dispatch"
-        assert proxy.ctx.gate.waiting == 0
+        assert proxy.ctx.hold.waiting == 0
         assert engine.fake.requests == []
-        proxy.ctx.gate.resume()
+        proxy.ctx.hold.resume()
         status, _ = await post(f"{proxy.url}/r/{key}/v1/chat/completions", {"messages": [USER]})
         assert status == 200
         await _idle(proxy)

@@ -111,21 +111,21 @@ async def test_pause_on_one_replica_holds_the_other_until_resume_with_a_version(
     paused = await _post(f"{replicas.a.url}/admin/pause?wait=5")
     assert (paused["paused"], paused["drained"]) == (True, True)
     assert paused["replicas"] == {"others": 1, "held": 1, "missing": []}
-    assert replicas.b.ctx.gate.paused
+    assert replicas.b.ctx.hold.paused
     held = asyncio.ensure_future(
         sdk(f"{replicas.b.url}/r/{created.key}/v1").chat.completions.create(
             model="m",
             messages=MESSAGES,  # type: ignore[arg-type]
         )
     )
-    await until(lambda: replicas.b.ctx.gate.waiting == 1)
+    await until(lambda: replicas.b.ctx.hold.waiting == 1)
     await asyncio.sleep(0.1)
     assert not held.done()
 
     await _post(f"{replicas.b.url}/admin/resume", {"weight_version": "7"})
     await held
-    await until(lambda: not replicas.a.ctx.gate.paused)
-    assert replicas.a.ctx.gate.weight_version == "7"
+    await until(lambda: not replicas.a.ctx.hold.paused)
+    assert replicas.a.ctx.hold.weight_version == "7"
     reply = await sdk(f"{replicas.a.url}/r/{created.key}/v1").chat.completions.create(
         model="m",
         messages=MESSAGES,  # type: ignore[arg-type]
@@ -151,18 +151,18 @@ async def test_weight_update_drains_every_replica_and_commits_everywhere(
                 messages=MESSAGES,  # type: ignore[arg-type]
             )
         )
-        await until(lambda: replicas.b.ctx.gate.inflight == 1)
+        await until(lambda: replicas.b.ctx.hold.inflight == 1)
         began = await _post(f"{replicas.a.url}/v1/weights/begin", {"mode": "drain", "timeout": 10})
         # A's answer waited for B's call: drained speaks for every replica.
         assert began["drained"] is True
         assert inflight.done()
-        assert replicas.b.ctx.gate.update is not None
+        assert replicas.b.ctx.hold.update is not None
 
         committed = await _post(f"{replicas.a.url}/v1/weights/commit", {"version": "v2"})
         assert committed["weight_version"] == "v2"
-        await until(lambda: replicas.b.ctx.gate.weight_version == "v2")
-        assert replicas.b.ctx.gate.epoch_of("v2") == replicas.a.ctx.gate.epoch_of("v2") == 1
-        assert not replicas.b.ctx.gate.paused
+        await until(lambda: replicas.b.ctx.hold.weight_version == "v2")
+        assert replicas.b.ctx.hold.epoch_of("v2") == replicas.a.ctx.hold.epoch_of("v2") == 1
+        assert not replicas.b.ctx.hold.paused
 
 
 async def test_a_backend_added_on_one_replica_serves_from_both(replicas: Replicas) -> None:
@@ -185,9 +185,9 @@ async def test_a_replica_that_starts_later_takes_over_the_gate(
     store = await Store.connect(pg_url)
     try:
         async with running_proxy(store, *(e.url for e in replicas.engines)) as late:
-            assert late.ctx.gate.paused
-            assert late.ctx.gate.weight_version == "3"
-            assert late.ctx.gate.epoch_of("3") == 1
+            assert late.ctx.hold.paused
+            assert late.ctx.hold.weight_version == "3"
+            assert late.ctx.hold.epoch_of("3") == 1
     finally:
         await store.close()
 
@@ -214,4 +214,4 @@ async def test_a_replica_whose_listener_is_dropped_listens_again(
         raise AssertionError("the dropped replica never listened again")
     paused = await _post(f"{replicas.a.url}/admin/pause")
     assert paused["replicas"] == {"others": 1, "held": 1, "missing": []}
-    assert replicas.b.ctx.gate.paused
+    assert replicas.b.ctx.hold.paused

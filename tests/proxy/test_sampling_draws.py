@@ -172,7 +172,7 @@ async def test_without_salts_a_commit_resets_vllm_and_a_failed_reset_keeps_calls
         status, answer = await _update(proxy.url, "3")
         assert status == 502
         assert answer["error"]["code"] == "cache_flush_failed"
-        assert proxy.ctx.gate.paused, "no call may run on a cache of the old weights"
+        assert proxy.ctx.hold.paused, "no call may run on a cache of the old weights"
         assert any("refused" in b["detail"] for b in answer["backends"])
         status, cancelled = await _weights(proxy.url, "cancel", {})
         assert (status, cancelled["weight_version"]) == (200, "2")

@@ -39,17 +39,17 @@ async def test_drain_holds_new_calls_lets_inflight_finish_and_fails_none(
             asyncio.create_task(client.chat.completions.create(**stream_body)),  # type: ignore[call-overload]
             asyncio.create_task(client.chat.completions.create(**stream_body, stream=True)),  # type: ignore[call-overload]
         ]
-        await until(lambda: proxy.ctx.gate.inflight == 2)
+        await until(lambda: proxy.ctx.hold.inflight == 2)
         async with aiohttp.ClientSession() as session:
             begin = asyncio.create_task(
                 _json(session, "POST", f"{proxy.url}/v1/weights/begin", json={"mode": "drain"})
             )
-            await until(lambda: proxy.ctx.gate.paused)
+            await until(lambda: proxy.ctx.hold.paused)
             held = [
                 asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
                 for _ in range(3)
             ]
-            await until(lambda: proxy.ctx.gate.waiting == 3)
+            await until(lambda: proxy.ctx.hold.waiting == 3)
             status, began = await begin
             assert (status, began["drained"], began["inflight"]) == (200, True, 0)
             assert began["update"] == {"mode": "drain"}
@@ -135,7 +135,7 @@ async def test_a_failed_load_keeps_calls_held_until_cancel_resumes_the_old_versi
             assert "shape mismatch in layer 3" in failed["backends"][0]["detail"]
             await asyncio.sleep(0.2)
             assert not held.done()
-            assert proxy.ctx.gate.waiting == 1
+            assert proxy.ctx.hold.waiting == 1
 
             status, cancelled = await _json(session, "POST", f"{proxy.url}/v1/weights/cancel")
             assert (status, cancelled["weight_version"], cancelled["paused"]) == (200, "1", False)
@@ -177,7 +177,7 @@ async def test_versions_are_ordered_by_commit_and_the_routes_need_the_admin_toke
             assert status == 401
             status, _ = await _json(session, "POST", f"{url}/begin", json={})
             assert status == 401
-            assert not proxy.ctx.gate.paused
+            assert not proxy.ctx.hold.paused
             auth = {"Authorization": "Bearer adm"}
             for version in ("10", "9"):
                 await _json(session, "POST", f"{url}/begin", json={}, headers=auth)
@@ -192,9 +192,9 @@ async def test_versions_are_ordered_by_commit_and_the_routes_need_the_admin_toke
             {"version": "10", "epoch": 1},
             {"version": "9", "epoch": 2},
         ]
-        gate = proxy.ctx.gate
-        assert gate.epoch_of("9") - gate.epoch_of("10") == 1
-        assert gate.epoch_of("never-committed") == 0
+        hold = proxy.ctx.hold
+        assert hold.epoch_of("9") - hold.epoch_of("10") == 1
+        assert hold.epoch_of("never-committed") == 0
 
 
 async def test_an_update_left_open_past_its_lease_is_cancelled(
@@ -212,7 +212,7 @@ async def test_an_update_left_open_past_its_lease_is_cancelled(
             )
             assert status == 200
             held = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
-            await until(lambda: proxy.ctx.gate.waiting == 1)
+            await until(lambda: proxy.ctx.hold.waiting == 1)
             # The trainer never comes back: the lease runs out and the call goes on.
             await held
             status, error = await _json(

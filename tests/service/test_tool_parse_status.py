@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rolltap.proxy.control.gate import Gate
+from rolltap.proxy.control.hold import WeightHold
 from rolltap.runner.service.batch import Batch
-from rolltap.runner.service.clock import GateClock
+from rolltap.runner.service.clock import HoldClock
 from rolltap.runner.service.service import Service
 from rolltap.runner.service.spec import BatchSpec
 from rolltap.store import NewRollout, Store
@@ -31,7 +31,7 @@ async def test_batch_status_counts_malformed_calls(store: Store) -> None:
             await store.append_call(call(rollout, [1, j], [2], tool_parse=outcome))
     other = (await store.create_rollout(NewRollout(task_id="t", batch_id="other"))).id
     await store.append_call(call(other, [1], [2], tool_parse="malformed: call 1: no name"))
-    service = Service(store, GateClock(Gate()), _no_executor, harnesses=(), model=_model)
+    service = Service(store, HoldClock(WeightHold()), _no_executor, harnesses=(), model=_model)
     spec = BatchSpec(tasks=(), tasks_source="inline", harness="single-call", sandbox="local")
 
     data = await service.status(Batch(id="b", spec=spec))

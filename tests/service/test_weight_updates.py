@@ -90,7 +90,7 @@ async def test_an_update_mid_batch_holds_calls_fails_none_and_stamps_both_versio
             _release(batch.id)
             # Every second turn reaches the proxy and waits there: none is refused.
             await until(
-                lambda: _async(service.proxy.ctx.gate.waiting == 4), "all second turns held"
+                lambda: _async(service.proxy.ctx.hold.waiting == 4), "all second turns held"
             )
             assert len(fake.requests) == 4
         assert update.committed is not None

@@ -42,7 +42,7 @@ class Admission:
     """The most tokens each choice may generate (lowered from what was asked), or None."""
 
 
-class Budget:
+class BudgetLedger:
     """One rollout's limits, what its recorded calls used, and what calls in flight reserved."""
 
     def __init__(self, max_calls: int | None, max_tokens: int | None, calls: int, tokens: int):

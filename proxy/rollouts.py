@@ -24,7 +24,7 @@ from aiohttp import web
 from ..store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView, Store
 from ..store.ids import hash_key
 from ..store.store import FINAL_STATUSES
-from .budget import Budget
+from .budget import BudgetLedger
 from .control.staleness import StaleBound, rollout_bound, stale_mark
 from .dialects.errors import Forbidden, Unauthorized
 from .tokenin.lineage import Lineages
@@ -36,7 +36,7 @@ from .upstream.sampling import Sampling, rollout_sampling
 class RolloutState:
     id: str
     status: RolloutStatus
-    budget: Budget
+    budget: BudgetLedger
     loaded_at: float
     used_at: float = 0.0
     """time.monotonic() of the latest request: idle states leave the cache (Rollouts.sweep)."""
@@ -178,7 +178,7 @@ class Rollouts:
         # budget), so take the one another request stored meanwhile.
         state = self._by_hash.get(digest, state)
         if state is None or state.id != view.id:
-            budget = Budget(view.max_calls, view.max_tokens, counted, view.n_tokens)
+            budget = BudgetLedger(view.max_calls, view.max_tokens, counted, view.n_tokens)
             state = RolloutState(
                 view.id,
                 view.status,

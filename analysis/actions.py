@@ -3,12 +3,12 @@ model made (a shell command, a file read or write, a fetch) with the tool result
 back for it, and the call that first carried it.
 
 One reading for Chat Completions, Responses and Anthropic Messages: the bodies are reduced to
-`Turn`s by analysis/turns.py, then each tool call is interpreted by what its arguments hold, not by
-the harness that defined the tool: a `command`/`cmd` is a shell command (mini-swe-agent's
-`bash`, Codex's `exec_command` and `shell`, Claude Code's `Bash`, OpenHands' `execute_bash`,
-Qwen Code's `run_shell_command`), a path with new content is a write and a path alone a read
-(`Read`, `Write`, `Edit`, `str_replace_editor`, `read_file`...), a `url` is a fetch, and Codex's
-`apply_patch` writes the files its patch names. Harnesses that send commands as text
+`ConversationTurn`s by analysis/turns.py, then each tool call is interpreted by what its arguments
+hold, not by the harness that defined the tool: a `command`/`cmd` is a shell command
+(mini-swe-agent's `bash`, Codex's `exec_command` and `shell`, Claude Code's `Bash`, OpenHands'
+`execute_bash`, Qwen Code's `run_shell_command`), a path with new content is a write and a path
+alone a read (`Read`, `Write`, `Edit`, `str_replace_editor`, `read_file`...), a `url` is a fetch,
+and Codex's `apply_patch` writes the files its patch names. Harnesses that send commands as text
 (mini-swe-agent's text mode) have them read from the fenced shell blocks of assistant messages.
 
 A call's request repeats the conversation so far, so the same action is seen many times: it is
@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from ..store.models import CallDialect, CallStatus
-from .turns import ToolCall, Turn, request_turns, response_turns
+from .turns import ConversationTurn, ToolCall, request_turns, response_turns
 
 
 class ActionKind(enum.StrEnum):
@@ -197,7 +197,7 @@ class _Found:
 _Key = tuple[str, ActionKind, str]
 
 
-def _from_conversation(turns: Sequence[Turn]) -> Iterator[tuple[_Key, str, str | None]]:
+def _from_conversation(turns: Sequence[ConversationTurn]) -> Iterator[tuple[_Key, str, str | None]]:
     """(key, tool, its result or None) for every action of a conversation, results paired by
     position: the tool turns after an assistant turn answer its calls in order; a user turn
     after a text command is its output."""
@@ -224,7 +224,7 @@ def _from_conversation(turns: Sequence[Turn]) -> Iterator[tuple[_Key, str, str |
                 yield key, tool, result
 
 
-def _made_by(turn: Turn) -> list[tuple[list[_Key], str]]:
+def _made_by(turn: ConversationTurn) -> list[tuple[list[_Key], str]]:
     """Each tool call of an assistant turn with its keys, or its fenced commands (one each)."""
     if turn.tool_calls:
         return [(_keys(call), call.name) for call in turn.tool_calls]

@@ -40,7 +40,7 @@ from ..store.errors import StoreError
 from ..store.models import CallDialect, DriftClass, LinkKind
 from ..store.packing import IdArray
 from .segments import Assembly, Link, Region, Segment
-from .turns import Turn, parsed_arguments, request_turns, response_turns
+from .turns import ConversationTurn, parsed_arguments, request_turns, response_turns
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,13 @@ class CallMessages:
         self._dialect = dialect
         self._request = request
         self._response = response
-        self._answers: dict[int, list[Turn] | None] = {}
+        self._answers: dict[int, list[ConversationTurn] | None] = {}
 
     @cached_property
-    def request(self) -> list[Turn] | None:
+    def request(self) -> list[ConversationTurn] | None:
         return request_turns(self._dialect, self._request)
 
-    def answer(self, choice: int) -> list[Turn] | None:
+    def answer(self, choice: int) -> list[ConversationTurn] | None:
         if choice not in self._answers:
             self._answers[choice] = response_turns(self._dialect, self._response, choice)
         return self._answers[choice]
@@ -271,7 +271,9 @@ def _message_difference(
     return (*difference, last)
 
 
-def first_difference(before: list[Turn], after: list[Turn]) -> tuple[int, DriftClass, str] | None:
+def first_difference(
+    before: list[ConversationTurn], after: list[ConversationTurn]
+) -> tuple[int, DriftClass, str] | None:
     """Where `after` stops repeating `before`, and what kind of change it is (None: it does)."""
     for i, old in enumerate(before):
         if i >= len(after):
@@ -295,7 +297,7 @@ def first_difference(before: list[Turn], after: list[Turn]) -> tuple[int, DriftC
     return None
 
 
-def _answer_dropped(rest: list[Turn], after: list[Turn]) -> bool:
+def _answer_dropped(rest: list[ConversationTurn], after: list[ConversationTurn]) -> bool:
     """`rest` is only the parent's answer (assistant turns at the end of the conversation), and
     the next request has none of it, going on with other messages in its place."""
     if not all(turn.role == "assistant" for turn in rest):
@@ -303,7 +305,7 @@ def _answer_dropped(rest: list[Turn], after: list[Turn]) -> bool:
     return bool(after) and after[0].role != "assistant" and not any(t in after for t in rest)
 
 
-def _assistant_change(old: Turn, new: Turn) -> tuple[DriftClass, str]:
+def _assistant_change(old: ConversationTurn, new: ConversationTurn) -> tuple[DriftClass, str]:
     if old.reasoning and not new.reasoning:
         return DriftClass.REASONING_STRIPPED, "the harness sent the answer back without reasoning"
     if new.reasoning and not old.reasoning:

@@ -2,9 +2,9 @@
 
 Drift classification compares what a call's conversation was (its request plus the answer the
 harness received) with what the next call sent. Chat Completions, Responses and Anthropic Messages
-spell the same things differently; this module reduces each to `Turn`s so the comparison is one
-piece of code. Only what a chat template renders is kept (roles, text, reasoning, tool calls);
-ids, cache hints and signatures are dropped, so they never count as drift.
+spell the same things differently; this module reduces each to `ConversationTurn`s so the
+comparison is one piece of code. Only what a chat template renders is kept (roles, text,
+reasoning, tool calls); ids, cache hints and signatures are dropped, so they never count as drift.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class Turn:
+class ConversationTurn:
     role: str
     """system, user, assistant or tool."""
     text: str = ""
@@ -36,7 +36,7 @@ class Turn:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
-def request_turns(dialect: CallDialect, body: bytes | None) -> list[Turn] | None:
+def request_turns(dialect: CallDialect, body: bytes | None) -> list[ConversationTurn] | None:
     """The conversation a client sent, or None when the body is missing or not understood."""
     data = _load(body)
     if not isinstance(data, dict):
@@ -53,7 +53,9 @@ def request_turns(dialect: CallDialect, body: bytes | None) -> list[Turn] | None
     return None
 
 
-def response_turns(dialect: CallDialect, body: bytes | None, choice: int = 0) -> list[Turn] | None:
+def response_turns(
+    dialect: CallDialect, body: bytes | None, choice: int = 0
+) -> list[ConversationTurn] | None:
     """What the client received for one choice: the turns it would append to its history."""
     data = _load(body)
     if not isinstance(data, dict):
@@ -124,7 +126,7 @@ def _arguments(value: Any) -> str:
     return value if isinstance(value, str) else canonical_json(value)
 
 
-def _chat_message(m: dict[str, Any]) -> Turn:
+def _chat_message(m: dict[str, Any]) -> ConversationTurn:
     role = "system" if m.get("role") == "developer" else str(m.get("role"))
     text = _text(m.get("content"))
     reasoning = m.get("reasoning_content")
@@ -136,44 +138,46 @@ def _chat_message(m: dict[str, Any]) -> Turn:
         ToolCall(str(f.get("name")), _arguments(f.get("arguments") or ""))
         for f in (c.get("function") or {} for c in m.get("tool_calls") or [])
     )
-    return Turn(role, text, reasoning or None, calls)
+    return ConversationTurn(role, text, reasoning or None, calls)
 
 
-def _responses_request(data: dict[str, Any]) -> list[Turn]:
-    turns: list[Turn] = []
+def _responses_request(data: dict[str, Any]) -> list[ConversationTurn]:
+    turns: list[ConversationTurn] = []
     if data.get("instructions"):
-        turns.append(Turn("system", _text(data["instructions"])))
+        turns.append(ConversationTurn("system", _text(data["instructions"])))
     items = data.get("input")
     if isinstance(items, str):
-        return [*turns, Turn("user", items)]
+        return [*turns, ConversationTurn("user", items)]
     return turns + _merge_assistant(list(_response_items(items or [])))
 
 
-def _response_items(items: Iterable[dict[str, Any]]) -> Iterator[Turn]:
+def _response_items(items: Iterable[dict[str, Any]]) -> Iterator[ConversationTurn]:
     for item in items:
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item.get("role") == "developer" else str(item.get("role"))
-            yield Turn(role, _text(item.get("content")))
+            yield ConversationTurn(role, _text(item.get("content")))
         elif kind == "reasoning":
             texts = [s.get("text") or "" for s in item.get("summary") or []]
             texts += [c.get("text") or "" for c in item.get("content") or []]
-            yield Turn("assistant", reasoning="".join(texts))
+            yield ConversationTurn("assistant", reasoning="".join(texts))
         elif kind in ("function_call", "custom_tool_call"):
             raw = item.get("arguments") if kind == "function_call" else item.get("input")
-            yield Turn("assistant", tool_calls=(ToolCall(str(item.get("name")), _arguments(raw)),))
+            yield ConversationTurn(
+                "assistant", tool_calls=(ToolCall(str(item.get("name")), _arguments(raw)),)
+            )
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            yield Turn("tool", _text(item.get("output")))
+            yield ConversationTurn("tool", _text(item.get("output")))
 
 
-def _merge_assistant(turns: list[Turn]) -> list[Turn]:
+def _merge_assistant(turns: list[ConversationTurn]) -> list[ConversationTurn]:
     """Adjacent assistant items (reasoning, text, calls) as the one turn a template renders."""
-    merged: list[Turn] = []
+    merged: list[ConversationTurn] = []
     for t in turns:
         last = merged[-1] if merged else None
         if t.role == "assistant" and last is not None and last.role == "assistant":
             reasoning = (last.reasoning or "") + (t.reasoning or "")
-            merged[-1] = Turn(
+            merged[-1] = ConversationTurn(
                 "assistant", last.text + t.text, reasoning or None, last.tool_calls + t.tool_calls
             )
         else:
@@ -181,10 +185,10 @@ def _merge_assistant(turns: list[Turn]) -> list[Turn]:
     return merged
 
 
-def _messages_request(data: dict[str, Any]) -> list[Turn]:
-    turns: list[Turn] = []
+def _messages_request(data: dict[str, Any]) -> list[ConversationTurn]:
+    turns: list[ConversationTurn] = []
     if data.get("system"):
-        turns.append(Turn("system", _text(data["system"])))
+        turns.append(ConversationTurn("system", _text(data["system"])))
     for m in data.get("messages") or []:
         content = m.get("content")
         if m.get("role") == "assistant":
@@ -192,20 +196,20 @@ def _messages_request(data: dict[str, Any]) -> list[Turn]:
             turns.append(_anthropic_assistant(blocks or []))
             continue
         if isinstance(content, str):
-            turns.append(Turn("user", content))
+            turns.append(ConversationTurn("user", content))
             continue
         text: list[str] = []
         for block in content or []:
             if block.get("type") == "tool_result":
-                turns.append(Turn("tool", _text(block.get("content"))))
+                turns.append(ConversationTurn("tool", _text(block.get("content"))))
             else:
                 text.append(_text([block]))
         if text:
-            turns.append(Turn("user", "".join(text)))
+            turns.append(ConversationTurn("user", "".join(text)))
     return turns
 
 
-def _anthropic_assistant(blocks: list[dict[str, Any]]) -> Turn:
+def _anthropic_assistant(blocks: list[dict[str, Any]]) -> ConversationTurn:
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCall] = []
@@ -219,4 +223,4 @@ def _anthropic_assistant(blocks: list[dict[str, Any]]) -> Turn:
             reasoning.append("[redacted]")
         elif kind == "tool_use":
             calls.append(ToolCall(str(block.get("name")), _arguments(block.get("input") or {})))
-    return Turn("assistant", "".join(text), "".join(reasoning) or None, tuple(calls))
+    return ConversationTurn("assistant", "".join(text), "".join(reasoning) or None, tuple(calls))

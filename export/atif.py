@@ -40,7 +40,13 @@ from typing import Any
 from rolltap import __version__
 
 from ..analysis.hacks import by_call
-from ..analysis.turns import ToolCall, Turn, parsed_arguments, request_turns, response_turns
+from ..analysis.turns import (
+    ConversationTurn,
+    ToolCall,
+    parsed_arguments,
+    request_turns,
+    response_turns,
+)
 from ..store.errors import NotFound
 from ..store.models import CallStatus, Capture
 from ..store.packing import RoutingArray
@@ -85,7 +91,7 @@ async def rollout_atif(store: Store, rollout_id: str) -> dict[str, Any] | None:
 def trajectory(record: RolloutRecord) -> dict[str, Any] | None:
     steps = _Steps()
     not_steps: list[dict[str, Any]] = []
-    context: list[Turn] = []
+    context: list[ConversationTurn] = []
     for call in record.calls:
         reason, sent, answer = _turns(call, record.bodies.get(call.id))
         if reason is not None or sent is None or answer is None:
@@ -113,7 +119,7 @@ class _Steps:
         self._last_agent: dict[str, Any] | None = None
         self._copied = 0
 
-    def sent(self, call: CallView, turn: Turn) -> None:
+    def sent(self, call: CallView, turn: ConversationTurn) -> None:
         if turn.role == "tool":
             self._result(call, turn.text)
         elif turn.role == "assistant":
@@ -127,7 +133,7 @@ class _Steps:
     def answer(
         self,
         call: CallView,
-        answer: Turn,
+        answer: ConversationTurn,
         tokens: CallTokens | None,
         routing: RoutingArray | None,
         *,
@@ -154,7 +160,7 @@ class _Steps:
             rolltap["history_dropped"] = dropped
         step["extra"] = {"rolltap": rolltap}
 
-    def _agent(self, turn: Turn, id_prefix: str, call: CallView) -> dict[str, Any]:
+    def _agent(self, turn: ConversationTurn, id_prefix: str, call: CallView) -> dict[str, Any]:
         step: dict[str, Any] = {"source": "agent", "message": turn.text, "timestamp": _iso(call)}
         if turn.reasoning:
             step["reasoning_content"] = turn.reasoning
@@ -186,7 +192,7 @@ class _Steps:
 
 def _turns(
     call: CallView, bodies: CallBodies | None
-) -> tuple[str | None, list[Turn] | None, Turn | None]:
+) -> tuple[str | None, list[ConversationTurn] | None, ConversationTurn | None]:
     """(why the call is not a step, or None; the turns it sent; its answer)."""
     if call.purpose is not None:
         return f"side call ({call.purpose})", None, None
@@ -201,14 +207,14 @@ def _turns(
     return None, sent, answer[0]
 
 
-def _common_prefix(a: Sequence[Turn], b: Sequence[Turn]) -> int:
+def _common_prefix(a: Sequence[ConversationTurn], b: Sequence[ConversationTurn]) -> int:
     n = 0
     while n < min(len(a), len(b)) and _same(a[n], b[n]):
         n += 1
     return n
 
 
-def _same(a: Turn, b: Turn) -> bool:
+def _same(a: ConversationTurn, b: ConversationTurn) -> bool:
     """The same turn as a harness resends it: reasoning may be left out and tool arguments
     re-serialised (drift analysis tells those apart; a trajectory view need not)."""
     if (a.role, a.text.strip()) != (b.role, b.text.strip()):

@@ -34,9 +34,9 @@ from .lineage import (
     MULTIPLE_CHOICES,
     TOKENIZE_FAILED,
     UNSUPPORTED_BACKEND,
+    AnsweredTurn,
     Continued,
     Lineages,
-    Turn,
     answer_print,
     context_print,
     last_assistant,
@@ -133,7 +133,7 @@ async def _find(
     if not stored:
         return found
     for turn in reversed(stored):  # oldest first: find() prefers the latest
-        recovered = Turn(
+        recovered = AnsweredTurn(
             prompt_ids=turn.prompt_ids.tolist(),
             sampled_ids=turn.sampled_ids.tolist(),
             finish_reason=turn.finish_reason,
@@ -212,7 +212,7 @@ class _Remembered:
             self._taken.ctx.metrics.token_in.inc(outcome=exchange.bridge or BRIDGED)
         if captured.prompt_ids is None or choice is None or not choice.has_ids:
             return  # a text-only answer cannot be continued by ids
-        turn = Turn(
+        turn = AnsweredTurn(
             prompt_ids=list(captured.prompt_ids),
             sampled_ids=list(choice.token_ids),
             finish_reason=choice.finish_reason,

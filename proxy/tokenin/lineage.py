@@ -1,7 +1,7 @@
 """Conversation lineages of a rollout: which earlier answer a new request continues, if any.
 
-Every answered call of a token-in rollout leaves a `Turn`: its prompt ids, the ids it sampled,
-and fingerprints of its messages and of the assistant message it served. A new request
+Every answered call of a token-in rollout leaves an `AnsweredTurn`: its prompt ids, the ids it
+sampled, and fingerprints of its messages and of the assistant message it served. A new request
 continues a turn when its messages are exactly that turn's messages, then an assistant message
 equal in substance to the one served (same text up to surrounding whitespace, same tool calls
 with equal arguments; reasoning and call ids may be dropped or changed), then only new tool
@@ -65,7 +65,7 @@ _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
 
 @dataclass(frozen=True)
-class Turn:
+class AnsweredTurn:
     """One answered call of a lineage."""
 
     prompt_ids: list[int]
@@ -79,7 +79,7 @@ class Turn:
 
 @dataclass(frozen=True)
 class Continued:
-    turn: Turn
+    turn: AnsweredTurn
     tail: list[dict[str, Any]]
     """The messages after the served answer: what the bridge renders."""
 
@@ -158,7 +158,7 @@ class Lineages:
     """A rollout's recent turns, found by the hash of the messages they answered."""
 
     def __init__(self, keep: int = 64, known: int = 4096) -> None:
-        self._turns: OrderedDict[bytes, list[Turn]] = OrderedDict()
+        self._turns: OrderedDict[bytes, list[AnsweredTurn]] = OrderedDict()
         self._keep = keep
         self._known: OrderedDict[bytes, None] = OrderedDict()
         """Prefix hashes of requests answered: a request sharing one is no new conversation."""
@@ -190,7 +190,7 @@ class Lineages:
             return TOOLS_CHANGED
         return Continued(turn, tail)
 
-    def add(self, hashes: list[bytes], turn: Turn) -> None:
+    def add(self, hashes: list[bytes], turn: AnsweredTurn) -> None:
         """Remember an answered request (`hashes`: its prefix_hashes)."""
         key = hashes[-1]
         same = self._turns.setdefault(key, [])

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..analysis.drift import first_difference
-from ..analysis.turns import Turn, request_turns, response_turns
+from ..analysis.turns import ConversationTurn, request_turns, response_turns
 from ..store import CallBodies, CallView
 
 
@@ -21,28 +21,28 @@ class Edit:
     index: int
     note: str
     kind: str
-    before: Turn | None
+    before: ConversationTurn | None
     """The message the harness had sent or received at `index` before, when there was one."""
 
 
 @dataclass(frozen=True)
 class Exchange:
     call: CallView
-    sent: list[Turn] | None
+    sent: list[ConversationTurn] | None
     """Every turn of the request; None when the body is missing or not understood."""
     new_from: int
     """Turns before this index repeat the line's previous call exactly."""
     edit: Edit | None
-    answers: list[list[Turn]]
+    answers: list[list[ConversationTurn]]
     """What the client received, per choice."""
 
     @property
-    def new(self) -> list[tuple[int, Turn]]:
+    def new(self) -> list[tuple[int, ConversationTurn]]:
         return [] if self.sent is None else list(enumerate(self.sent))[self.new_from :]
 
 
 def exchanges(calls: Sequence[CallView], bodies: Mapping[str, CallBodies]) -> list[Exchange]:
-    previous: dict[str | None, list[Turn]] = {}
+    previous: dict[str | None, list[ConversationTurn]] = {}
     out = []
     for call in calls:
         alone = exchange(call, bodies.get(call.id))

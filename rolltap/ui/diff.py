@@ -6,7 +6,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from ..analysis.turns import Turn
+from ..analysis.turns import ConversationTurn
 
 _WORDS = re.compile(r"\s+|\w+|[^\w\s]")
 LIMIT = 20_000
@@ -35,7 +35,7 @@ def word_diff(old: str, new: str) -> list[Piece]:
     return pieces
 
 
-def turn_text(turn: Turn | None) -> str:
+def turn_text(turn: ConversationTurn | None) -> str:
     """A turn as one text, the way a diff of two of them reads best."""
     if turn is None:
         return ""

@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
-from ..analysis.turns import Turn
+from ..analysis.turns import ConversationTurn
 from .diff import Piece, turn_text, word_diff
 
 HERE = Path(__file__).parent
@@ -100,7 +100,7 @@ def compact_json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def turn_diff(old: Turn | None, new: Turn | None) -> list[Piece]:
+def turn_diff(old: ConversationTurn | None, new: ConversationTurn | None) -> list[Piece]:
     return word_diff(turn_text(old), turn_text(new))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
-from rolltap.analysis.turns import Turn, request_turns, response_turns
+from rolltap.analysis.turns import ConversationTurn, request_turns, response_turns
 from rolltap.proxy.dialects.blocks import Tool
 from rolltap.proxy.dialects.dialect import Answer, Ending
 from rolltap.proxy.dialects.messages_render import MessagesRenderer
@@ -605,9 +605,9 @@ async def test_multi_turn_rollout_is_one_trajectory(store: Store, claude: Anthro
         assert full == last.prompt_ids.tolist() + last.choices[0].token_ids.tolist()
         bodies = await store.call_bodies(calls[-1].id)
         assert response_turns(CallDialect.MESSAGES, bodies.response) == [
-            Turn("assistant", "echo: turn 2")
+            ConversationTurn("assistant", "echo: turn 2")
         ]
         assert request_turns(CallDialect.MESSAGES, bodies.request)[:2] == [
-            Turn("user", "turn 0"),
-            Turn("assistant", "echo: turn 0"),
+            ConversationTurn("user", "turn 0"),
+            ConversationTurn("assistant", "echo: turn 0"),
         ]

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from rolltap.analysis.turns import Turn, request_turns, response_turns
+from rolltap.analysis.turns import ConversationTurn, request_turns, response_turns
 from rolltap.store import CallDialect, CallStatus, Capture, Store
 from tests.support.fake_vllm import (
     IM_END,
@@ -529,12 +529,12 @@ async def test_multi_turn_rollout_is_one_trajectory(store: Store, sdk: OpenAIFac
         bodies = await store.call_bodies(calls[-1].id)
         # The empty reasoning item carrying the reference is nothing a template renders.
         assert response_turns(CallDialect.RESPONSES, bodies.response) == [
-            Turn("assistant", "echo: turn 2")
+            ConversationTurn("assistant", "echo: turn 2")
         ]
         assert request_turns(CallDialect.RESPONSES, bodies.request) == [
-            Turn("user", "turn 0"),
-            Turn("assistant", "echo: turn 0"),
-            Turn("user", "turn 1"),
-            Turn("assistant", "echo: turn 1"),
-            Turn("user", "turn 2"),
+            ConversationTurn("user", "turn 0"),
+            ConversationTurn("assistant", "echo: turn 0"),
+            ConversationTurn("user", "turn 1"),
+            ConversationTurn("assistant", "echo: turn 1"),
+            ConversationTurn("user", "turn 2"),
         ]

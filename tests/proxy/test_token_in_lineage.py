@@ -21,9 +21,9 @@ from rolltap.proxy.tokenin.lineage import (
     NO_STOP_TOKEN,
     TAIL_UNSUPPORTED,
     TOOLS_CHANGED,
+    AnsweredTurn,
     Continued,
     Lineages,
-    Turn,
     answer_print,
     context_print,
     prefix_hashes,
@@ -56,9 +56,9 @@ def served(
     answer: dict[str, Any],
     finish: str = "stop",
     body: dict[str, Any] = BODY,
-) -> Turn:
+) -> AnsweredTurn:
     """Record that `messages` were answered with `answer` (made-up ids: only identity matters)."""
-    turn = Turn(
+    turn = AnsweredTurn(
         [len(messages)], [100 + len(messages)], finish, answer_print(answer), context_print(body)
     )
     lineages.add(prefix_hashes(messages), turn)

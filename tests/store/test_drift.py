@@ -12,7 +12,7 @@ from aiohttp import web
 from rolltap.analysis.detokenizer import EngineDetokenizer, HFDetokenizer
 from rolltap.analysis.drift import Detokenizer
 from rolltap.analysis.trajectory import RolloutTrajectories
-from rolltap.analysis.turns import ToolCall, Turn, request_turns, response_turns
+from rolltap.analysis.turns import ConversationTurn, ToolCall, request_turns, response_turns
 from rolltap.store import NewRollout, Store
 from rolltap.store.models import CallDialect, DriftClass, LinkKind
 from tests.support.chats import QWEN3_STYLE, Recorder, Renderer, smollm2_gguf, smollm2_tokenizer
@@ -365,7 +365,7 @@ def _body(data: dict[str, Any]) -> bytes:
                 ]
             },
             {"choices": [{"index": 0, "message": {"content": "<think>a</think>\n\nb"}}]},
-            ([Turn("system", "Be brief")], [Turn("assistant", "b", "a")]),
+            ([ConversationTurn("system", "Be brief")], [ConversationTurn("assistant", "b", "a")]),
         ),
         (
             CallDialect.RESPONSES,
@@ -387,8 +387,12 @@ def _body(data: dict[str, Any]) -> bytes:
                 ]
             },
             (
-                [Turn("system", "Be brief"), Turn("user", "hi"), Turn("tool", "ok")],
-                [Turn("assistant", "", "r", (ToolCall("shell", "{}"),))],
+                [
+                    ConversationTurn("system", "Be brief"),
+                    ConversationTurn("user", "hi"),
+                    ConversationTurn("tool", "ok"),
+                ],
+                [ConversationTurn("assistant", "", "r", (ToolCall("shell", "{}"),))],
             ),
         ),
         (
@@ -412,8 +416,12 @@ def _body(data: dict[str, Any]) -> bytes:
                 ]
             },
             (
-                [Turn("system", "Be brief"), Turn("tool", "ok"), Turn("user", "go on")],
-                [Turn("assistant", "", "r", (ToolCall("Bash", '{"command":"ls"}'),))],
+                [
+                    ConversationTurn("system", "Be brief"),
+                    ConversationTurn("tool", "ok"),
+                    ConversationTurn("user", "go on"),
+                ],
+                [ConversationTurn("assistant", "", "r", (ToolCall("Bash", '{"command":"ls"}'),))],
             ),
         ),
     ],
@@ -422,7 +430,7 @@ def test_dialects_reduce_to_turns(
     dialect: CallDialect,
     request_: dict[str, Any],
     response: dict[str, Any],
-    expected: tuple[list[Turn], list[Turn]],
+    expected: tuple[list[ConversationTurn], list[ConversationTurn]],
 ) -> None:
     assert request_turns(dialect, _body(request_)) == expected[0]
     assert response_turns(dialect, _body(response)) == expected[1]

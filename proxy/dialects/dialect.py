@@ -41,7 +41,9 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class Ending:
+class AnswerEnd:
+    """How an answer ended (why, and its token counts), for the dialect's last event."""
+
     finish_reason: str | None
     stop_reason: str | int | None
     """vLLM's `stop_reason`: the stop string or token id that ended the answer."""
@@ -59,7 +61,7 @@ class Renderer(Protocol):
 
     def feed(self, events: list[Event]) -> list[dict[str, Any]]: ...
 
-    def finish(self, ending: Ending) -> list[dict[str, Any]]: ...
+    def finish(self, ending: AnswerEnd) -> list[dict[str, Any]]: ...
 
     def fail(self, message: str, code: str | None) -> list[dict[str, Any]]: ...
 

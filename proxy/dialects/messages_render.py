@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from .blocks import Close, Delta, Event, Open, Tool
-from .dialect import Answer, Ending
+from .dialect import Answer, AnswerEnd
 from .history import dumps, parsed
 from .recall import EngineTurn
 
@@ -74,7 +74,7 @@ class MessagesRenderer:
                 out += self._tool_block(event)
         return out
 
-    def finish(self, ending: Ending) -> list[dict[str, Any]]:
+    def finish(self, ending: AnswerEnd) -> list[dict[str, Any]]:
         out = self._close_block() if self._open is not None else []
         if self._carrier and not self._handed:
             out += self._empty_thinking()

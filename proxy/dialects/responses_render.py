@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from .blocks import Close, Delta, Event, Open, Tool
-from .dialect import Answer, Ending
+from .dialect import Answer, AnswerEnd
 from .history import dumps, parsed
 from .recall import EngineTurn
 from .responses_request import FREEFORM_ARGUMENT, chat_name, tool_specs
@@ -92,7 +92,7 @@ class ResponsesRenderer:
                 out += self._tool_item(event)
         return out
 
-    def finish(self, ending: Ending) -> list[dict[str, Any]]:
+    def finish(self, ending: AnswerEnd) -> list[dict[str, Any]]:
         out = self._close_item() if self._open is not None else []
         if not self._handed and self._carrier:
             out += self._reasoning_item("")

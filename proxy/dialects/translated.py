@@ -30,7 +30,7 @@ from ..upstream.relay import EngineAnswer, relay
 from ..upstream.sse import frame
 from .assemble import ChatAssembler
 from .blocks import BlockStream, from_message
-from .dialect import Answer, ChatPlan, Dialect, Ending, Renderer
+from .dialect import Answer, AnswerEnd, ChatPlan, Dialect, Renderer
 from .errors import (
     BadRequest,
     Forbidden,
@@ -186,13 +186,13 @@ class TranslatedRendering:
         self._started = True
         return self._renderer.start(self._exchange.prompt_tokens)
 
-    def _ending(self, finish: Any, stop: Any) -> Ending:
+    def _ending(self, finish: Any, stop: Any) -> AnswerEnd:
         exchange = self._exchange
         usage = exchange.usage or {}
         if finish == "length" and self._call.capped:
             exchange.notes.append("cut at max_tokens_cap; the client was told the answer ended")
             finish = "stop"
-        return Ending(
+        return AnswerEnd(
             finish_reason=finish if isinstance(finish, str) else None,
             stop_reason=stop if isinstance(stop, str | int) else None,
             prompt_tokens=exchange.prompt_tokens or int(usage.get("prompt_tokens") or 0),

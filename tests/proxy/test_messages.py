@@ -16,7 +16,7 @@ import pytest
 
 from rolltap.analysis.turns import ConversationTurn, request_turns, response_turns
 from rolltap.proxy.dialects.blocks import Tool
-from rolltap.proxy.dialects.dialect import Answer, Ending
+from rolltap.proxy.dialects.dialect import Answer, AnswerEnd
 from rolltap.proxy.dialects.messages_render import MessagesRenderer
 from rolltap.store import CallDialect, CallStatus, Capture, Store
 from tests.support.fake_vllm import (
@@ -555,7 +555,7 @@ async def test_max_tokens_and_stop_sequences(store: Store, claude: AnthropicFact
     # vLLM reports the stop string that ended the answer as `stop_reason`.
     renderer = MessagesRenderer({"stop_sequences": ["END"]}, Answer("c" * 26, 0, "rt1.x"))
     renderer.feed([Tool(0, None, "Bash", "[1, 2]")])
-    delta = renderer.finish(Ending("stop", "END", 3, 4))[0]
+    delta = renderer.finish(AnswerEnd("stop", "END", 3, 4))[0]
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
     assert renderer.result()["content"][0]["input"] == {}
     assert renderer.notes == ["tool call 0: arguments not a JSON object; sent as {}"]

@@ -29,7 +29,9 @@ class Handle:
     choice: int
 
 
-class Verdict(enum.StrEnum):
+class HandleCheck(enum.StrEnum):
+    """What a handle in a client's history turned out to be when read back."""
+
     VALID = "valid"
     FOREIGN = "foreign"
     """Not a rolltap handle at all (e.g. a real Anthropic signature): nothing to honour."""
@@ -45,24 +47,24 @@ class Handles:
         raw = call_id.encode("ascii") + bytes([choice]) + self._mac(rollout_id, call_id, choice)
         return PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
-    def read(self, token: object, rollout_id: str) -> tuple[Verdict, Handle | None]:
+    def read(self, token: object, rollout_id: str) -> tuple[HandleCheck, Handle | None]:
         if not isinstance(token, str) or not token.startswith(PREFIX):
-            return Verdict.FOREIGN, None
+            return HandleCheck.FOREIGN, None
         body = token[len(PREFIX) :]
         try:
             raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         except (binascii.Error, ValueError):
-            return Verdict.INVALID, None
+            return HandleCheck.INVALID, None
         if len(raw) != _CALL_ID_LENGTH + 1 + _MAC_LENGTH:
-            return Verdict.INVALID, None
+            return HandleCheck.INVALID, None
         try:
             call_id = raw[:_CALL_ID_LENGTH].decode("ascii")
         except UnicodeDecodeError:
-            return Verdict.INVALID, None
+            return HandleCheck.INVALID, None
         choice = raw[_CALL_ID_LENGTH]
         if not hmac.compare_digest(raw[-_MAC_LENGTH:], self._mac(rollout_id, call_id, choice)):
-            return Verdict.INVALID, None
-        return Verdict.VALID, Handle(call_id, choice)
+            return HandleCheck.INVALID, None
+        return HandleCheck.VALID, Handle(call_id, choice)
 
     def _mac(self, rollout_id: str, call_id: str, choice: int) -> bytes:
         message = f"{rollout_id}\0{call_id}\0{choice}".encode()

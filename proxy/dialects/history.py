@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .handles import Handle, Handles, Verdict
+from .handles import Handle, HandleCheck, Handles
 from .recall import EngineTurn
 
 
@@ -100,7 +100,7 @@ class Restorer:
         found = []
         for turn in turns:
             verdict, handle = self._handles.read(turn.token, self._rollout_id)
-            if verdict is Verdict.VALID and handle is not None:
+            if verdict is HandleCheck.VALID and handle is not None:
                 found.append(handle)
         return found
 
@@ -129,10 +129,10 @@ class Restorer:
         if not turn.token:
             return None
         verdict, handle = self._handles.read(turn.token, self._rollout_id)
-        if verdict is Verdict.FOREIGN:
+        if verdict is HandleCheck.FOREIGN:
             self.notes.append(f"assistant turn {position}: reference not issued by rolltap")
             return None
-        if verdict is Verdict.INVALID or handle is None:
+        if verdict is HandleCheck.INVALID or handle is None:
             self.notes.append(
                 f"assistant turn {position}: reference not honoured (altered, or from another "
                 "rollout)"

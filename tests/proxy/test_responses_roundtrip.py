@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from rolltap.proxy.dialects.handles import Handle, Handles, Verdict
+from rolltap.proxy.dialects.handles import Handle, HandleCheck, Handles
 from rolltap.proxy.secret import secret_path, signing_key
 from rolltap.store import Store, resolve_url
 from tests.support.fake_vllm import FakeVLLM, Reply
@@ -257,15 +257,15 @@ def test_handles_are_bound_to_their_rollout_and_key() -> None:
     token = handles.mint("rollout-a", "01M7ZAJB28QYE0S04EKYKHS1NF", 3)
 
     assert handles.read(token, "rollout-a") == (
-        Verdict.VALID,
+        HandleCheck.VALID,
         Handle("01M7ZAJB28QYE0S04EKYKHS1NF", 3),
     )
-    assert handles.read(token, "rollout-b") == (Verdict.INVALID, None)
-    assert Handles(b"j" * 32).read(token, "rollout-a") == (Verdict.INVALID, None)
-    assert handles.read(token[:-1], "rollout-a") == (Verdict.INVALID, None)
-    assert handles.read("rt1.!!!", "rollout-a") == (Verdict.INVALID, None)
-    assert handles.read("EqQBCkYICxgC", "rollout-a") == (Verdict.FOREIGN, None)
-    assert handles.read(None, "rollout-a") == (Verdict.FOREIGN, None)
+    assert handles.read(token, "rollout-b") == (HandleCheck.INVALID, None)
+    assert Handles(b"j" * 32).read(token, "rollout-a") == (HandleCheck.INVALID, None)
+    assert handles.read(token[:-1], "rollout-a") == (HandleCheck.INVALID, None)
+    assert handles.read("rt1.!!!", "rollout-a") == (HandleCheck.INVALID, None)
+    assert handles.read("EqQBCkYICxgC", "rollout-a") == (HandleCheck.FOREIGN, None)
+    assert handles.read(None, "rollout-a") == (HandleCheck.FOREIGN, None)
 
 
 @pytest.mark.parametrize("configured", [None, "a configured secret"])

@@ -44,7 +44,7 @@ from .sandboxes.base import (
 from .sandboxes.errors import ImageBuildError, SandboxError
 from .sandboxes.provision import provision
 from .tasks import Task
-from .verify import TEST_OUTPUT, Verdict, VerifyError, verify
+from .verify import TEST_OUTPUT, Verification, VerifyError, verify
 
 log = logging.getLogger("rolltap.runner")
 
@@ -340,7 +340,7 @@ async def _end_run(shared: Shared, planned: Planned, box: Sandbox) -> None:
 
 async def _evaluate(
     box: Sandbox, planned: Planned, logs: Path
-) -> tuple[Verdict | None, str | None]:
+) -> tuple[Verification | None, str | None]:
     try:
         return await verify(box, planned.task, logs / "verifier"), None
     except VerifyError as e:

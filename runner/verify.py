@@ -42,7 +42,7 @@ __all__ = [
     "RewardFileEmpty",
     "RewardFileNotFound",
     "RewardParseError",
-    "Verdict",
+    "Verification",
     "VerifierTimeout",
     "VerifyError",
     "parse_reward",
@@ -93,7 +93,9 @@ class Reward:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verification:
+    """What running the task's verifier found: its reward, and test.sh's run."""
+
     reward: Reward
     result: ExecResult
     """test.sh's exit status and output."""
@@ -111,7 +113,7 @@ def parse_reward(verifier_dir: Path) -> Reward:
 
 async def verify(
     sandbox: Sandbox, task: Task, out_dir: Path, *, log: Path | None = None
-) -> Verdict:
+) -> Verification:
     """Kills what the agent left running, copies the tests into a fresh /tests, runs test.sh in
     the workdir with a fresh /logs/verifier, copies that into out_dir and reads the reward
     there. test.sh's output goes to `log`, by default out_dir/test-stdout.txt."""
@@ -148,7 +150,7 @@ async def verify(
         else:
             reward = parse_reward(copy)
         shutil.copytree(copy, out_dir, symlinks=True, dirs_exist_ok=True)
-    return Verdict(reward, result)
+    return Verification(reward, result)
 
 
 def _present(path: Path) -> bool:

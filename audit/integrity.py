@@ -27,7 +27,6 @@ Calls the proxy refused (budget spent, rollout finished, key revoked, a malforme
 from __future__ import annotations
 
 import enum
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from ..store import chain
+from ..store import chain, compress
 from ..store.delta import StoredPrompt, rebuild_prompts
 from ..store.errors import NotFound
 from ..store.models import (
@@ -288,10 +287,9 @@ def _load(conn: Connection, rollout_id: str) -> list[_Call]:
             continue
         try:
             raw = [
-                None if blob is None else zlib.decompress(blob)
-                for blob in (row.request, row.engine_request, row.response)
+                compress.inflate(blob) for blob in (row.request, row.engine_request, row.response)
             ]
-        except zlib.error:
+        except compress.UNREADABLE:
             calls[row.call_id].bodies = None
             continue
         calls[row.call_id].bodies = tuple(chain.body_digest(b) for b in raw)

@@ -207,7 +207,5 @@ def _sandbox_image(run: dict[str, Any], task: Task, kind: str) -> str | None:
 
 async def _store_report(store: Store, original_id: str, report: ReplayReport) -> None:
     await store.update_rollout(report.replay, merge_meta={REPORT_KEY: report.to_json()})
-    original = await store.rollout(original_id)
-    # The list is read then written: two replays of one rollout finishing at once may keep one.
-    replays = [*original.meta.get(REPLAYS, ()), report.replay]
-    await store.update_rollout(original_id, merge_meta={REPLAYS: replays})
+    # Appended where the row is locked: two replays of one rollout finishing at once keep both.
+    await store.update_rollout(original_id, append_meta={REPLAYS: [report.replay]})

@@ -377,8 +377,9 @@ async def _finish(
     }
     flags = await _hack_flags(shared, planned, status)
     # An ending the proxy wrote first (its budget, its batch's bound on staleness) stays: the
-    # lifecycle keeps it and records the reward and the rest beside it (store/lifecycle.py).
-    await store.update_rollout(
+    # lifecycle keeps it, records the reward and the rest beside it, and says which ending the
+    # rollout has (store/lifecycle.py).
+    view = await store.update_rollout(
         planned.rollout_id,
         keep_ending=True,
         merge_meta={"logs_dir": str(logs), "seconds": seconds, **tails},
@@ -388,7 +389,6 @@ async def _finish(
         error=error,
         hack_flags=flags,
     )
-    view = await store.rollout(planned.rollout_id)
     status, error = view.status, view.error
     if view.n_calls:
         # The finished rollout's segments, drift breaks and faithfulness go into the store too.

@@ -16,13 +16,15 @@ the same row, whoever asks (the proxy, the runner, the rollout service, a Ray no
 - any other change of an ended rollout's status, or a step the diagram has no arrow for, raises
   `IllegalTransition` (the admin API answers 409).
 
-`merge_meta` merges keys into the stored metadata in that same transaction: no reader sees, and
-no concurrent writer loses, a half-merged or overwritten dict (no read-modify-write elsewhere).
+`merge_meta` merges keys into the stored metadata in that same transaction, and `append_meta`
+appends items to lists in it: no reader sees, and no concurrent writer loses, a half-merged or
+overwritten dict or list (no read-modify-write elsewhere). The store's update returns the row as
+the write left it, so a writer learns what others wrote first without reading it again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,8 @@ class Change:
     """An ending that finds the rollout already ended keeps the first one (and its error)."""
     merge_meta: Mapping[str, Any] = field(default_factory=dict)
     """Keys merged into the stored metadata."""
+    append_meta: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    """Items appended to lists in the stored metadata (a missing key starts an empty list)."""
 
 
 def resolve(
@@ -87,7 +91,9 @@ def resolve(
             raise IllegalTransition(
                 f"rollout {rollout_id} is {current.value}: it cannot become {wanted.value}"
             )
-    if change.merge_meta:
-        base = out.pop("meta", meta)
-        out["meta"] = {**base, **change.merge_meta}
+    if change.merge_meta or change.append_meta:
+        merged = {**out.pop("meta", meta), **change.merge_meta}
+        for key, items in change.append_meta.items():
+            merged[key] = [*(merged.get(key) or ()), *items]
+        out["meta"] = merged
     return out

@@ -270,7 +270,8 @@ class Choice(Base):
 
 
 class CallBody(Base):
-    """What went over the wire, zlib-compressed: for audit and replay, never read on hot paths."""
+    """What went over the wire, compressed (store/compress.py): for audit and replay, never read on
+    hot paths."""
 
     __tablename__ = "call_body"
 

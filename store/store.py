@@ -155,14 +155,17 @@ class Store:
         only_from: Iterable[RolloutStatus] | None = None,
         keep_ending: bool = False,
         merge_meta: Mapping[str, Any] | None = None,
+        append_meta: Mapping[str, Sequence[Any]] | None = None,
         **values: Any,
-    ) -> None:
+    ) -> RolloutView:
         """Write a rollout's columns; its life's rules apply when the write runs
         (store/lifecycle.py: an ended rollout's status never changes; IllegalTransition).
         `only_from`: apply only while the rollout has one of these statuses (a transition that
         must not undo another, e.g. pending -> running after the rollout already ended).
         `keep_ending`: an ending that finds the rollout ended keeps that first ending and writes
-        the rest. `merge_meta`: keys merged into its metadata in the same transaction."""
+        the rest. `merge_meta`: keys merged into its metadata in the same transaction;
+        `append_meta`: items appended to lists in it. Returns the rollout as the write left it
+        (what another writer ended it with first, say)."""
         unknown = set(values) - _UPDATABLE
         if unknown:
             raise TypeError(f"cannot update rollout fields {sorted(unknown)}")
@@ -177,8 +180,10 @@ class Store:
         if values.get("hack_flags") is not None:
             values["hack_flags"] = hacks.as_stored(values["hack_flags"])
         allowed = None if only_from is None else frozenset(s.value for s in only_from)
-        change = lifecycle.Change(allowed, keep_ending, dict(merge_meta or {}))
-        await self._writes().submit(UpdateRollout(rollout_id, values, change))
+        change = lifecycle.Change(
+            allowed, keep_ending, dict(merge_meta or {}), dict(append_meta or {})
+        )
+        view: RolloutView = await self._writes().submit(UpdateRollout(rollout_id, values, change))
         if values.get("status") in _FINAL_VALUES:
             for listener in list(self._on_finished):
                 listener(rollout_id)
@@ -186,6 +191,7 @@ class Store:
             flagged = hacks.flags_of(values["hack_flags"]) or []
             for on_flags in list(self._on_hack_flags):
                 on_flags(rollout_id, flagged)
+        return view
 
     def on_hack_flags(
         self, listener: Callable[[str, list[hacks.HackFlag]], None]

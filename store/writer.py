@@ -47,7 +47,7 @@ from .models import (
 )
 from .outage import describe, is_outage
 from .packing import pack
-from .records import CallReceipt, CallRecord, CreatedRollout, NewRollout
+from .records import CallReceipt, CallRecord, CreatedRollout, NewRollout, RolloutView
 
 log = logging.getLogger(__name__)
 
@@ -409,8 +409,7 @@ class GroupCommitWriter:
                     _create_rollout(conn, op)
                 results.append(CreatedRollout(op.rollout_id, op.key))
             elif isinstance(op, UpdateRollout):
-                _update_rollout(conn, op.rollout_id, op.values, op.change)
-                results.append(None)
+                results.append(_update_rollout(conn, op.rollout_id, op.values, op.change))
             else:
                 results.append(op.fn(conn))
         self._inserts.flush(conn, staged)
@@ -668,8 +667,9 @@ def _sealed(
 
 def _update_rollout(
     conn: Connection, rollout_id: str, values: dict[str, Any], change: lifecycle.Change
-) -> None:
-    """One write to a rollout, resolved against its row as it is now (store/lifecycle.py)."""
+) -> RolloutView:
+    """One write to a rollout, resolved against its row as it is now (store/lifecycle.py);
+    returns the row as the write left it."""
     table = rollout_table
     queries.lock_rollout(conn, rollout_id)
     stored = conn.execute(
@@ -679,10 +679,11 @@ def _update_rollout(
         raise NotFound(f"no rollout {rollout_id!r}")
     resolved = lifecycle.resolve(rollout_id, stored.status, stored.metadata, values, change)
     if resolved is None:
-        return
+        return queries.rollout(conn, rollout_id)
     if "meta" in resolved:
         resolved["metadata"] = resolved.pop("meta")
     if resolved.get("status", RolloutStatus.RUNNING.value) not in _OPEN or "hack_flags" in resolved:
         resolved = _sealed(conn, rollout_id, resolved, stored.status, stored.hack_flags)
     if resolved:
         conn.execute(update(table).where(table.c.id == rollout_id).values(**resolved))
+    return queries.rollout(conn, rollout_id)

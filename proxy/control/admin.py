@@ -190,14 +190,13 @@ async def update_rollout(request: web.Request) -> web.Response:
         # "succeeded" is FINISHED's old name: clients written before the rename still work.
         raise BadRequest(f"status {body['status']!r} is not one of {', '.join(_STATUSES)}")
     try:
-        await ctx.store.update_rollout(rollout_id, **body)
+        view = await ctx.store.update_rollout(rollout_id, **body)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
     except IllegalTransition as e:
         raise Conflict(str(e), code="illegal_transition") from None
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    view = await ctx.store.rollout(rollout_id)
     if view.status in FINAL_STATUSES:
         # A finished rollout gets its segments, drift breaks and faithfulness recorded.
         await ctx.store.analyze_rollout(rollout_id)

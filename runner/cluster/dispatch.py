@@ -154,10 +154,9 @@ def _recorded(view: RolloutView, planned: Planned) -> RolloutResult:
 
 async def _lost(store: Store, planned: Planned, why: str) -> RolloutResult:
     """Out of retries: the attempt failed for the machine's reasons, as a local one would."""
-    view = await store.rollout(planned.rollout_id)
     error = f"infrastructure: {why}"
-    await store.update_rollout(
-        view.id,
+    view = await store.update_rollout(
+        planned.rollout_id,
         keep_ending=True,
         status=RolloutStatus.FAILED,
         error=error,

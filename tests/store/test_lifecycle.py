@@ -71,6 +71,35 @@ async def test_concurrent_meta_merges_keep_every_key(store: Store) -> None:
     assert meta == {"sandbox": "bwrap", **{f"k{i}": i for i in range(20)}}
 
 
+async def test_concurrent_list_appends_keep_every_item(store: Store) -> None:
+    rid = (await store.create_rollout(NewRollout(meta={"replays": ["r0"]}))).id
+    await asyncio.gather(
+        *(store.update_rollout(rid, append_meta={"replays": [f"r{i}"]}) for i in range(1, 21))
+    )
+    replays = (await store.rollout(rid)).meta["replays"]
+    assert sorted(replays) == sorted(f"r{i}" for i in range(21))
+
+
+async def test_an_update_returns_the_row_as_the_write_left_it(store: Store) -> None:
+    rid = (await store.create_rollout(NewRollout())).id
+    await store.update_rollout(rid, status=RolloutStatus.BUDGET_EXCEEDED, error="its budget")
+
+    view = await store.update_rollout(
+        rid, keep_ending=True, status=RolloutStatus.FINISHED, reward=1.0, merge_meta={"a": 1}
+    )
+
+    assert (view.status, view.error, view.reward, view.meta) == (
+        RolloutStatus.BUDGET_EXCEEDED,
+        "its budget",
+        1.0,
+        {"a": 1},
+    )
+    skipped = await store.update_rollout(
+        rid, status=RolloutStatus.RUNNING, only_from=[RolloutStatus.PENDING]
+    )
+    assert skipped == await store.rollout(rid)
+
+
 def test_the_diagram() -> None:
     assert set(NEXT) == OPEN | ENDED
     assert NEXT[RolloutStatus.PENDING] == ENDED | {RolloutStatus.RUNNING}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,29 @@ IdArray = npt.NDArray[np.int32]
 LogprobArray = npt.NDArray[np.float32]
 RoutingArray = npt.NDArray[np.integer[Any]]
 """Routed experts (store/routed.py): uint8, uint16 or int32, tokens x layers [x top-k]."""
+
+
+def id_list(values: Sequence[int]) -> npt.NDArray[Any]:
+    """`values` as `np.asarray(values)` reads them, faster for the usual list of ints: a typed C
+    array takes them in one pass (each through `__index__`, so floats and strings are refused
+    there too), where numpy discovers a dtype element by element; anything else goes to numpy."""
+    # A leading bool: numpy makes a list of bools a bool array (refused as ids), not ints.
+    if type(values) is list and values and type(values[0]) is not bool:
+        try:
+            return np.frombuffer(array.array("q", values), dtype=np.int64)
+        except (TypeError, OverflowError):
+            pass
+    return np.asarray(values)
+
+
+def logprob_list(values: Sequence[float]) -> npt.NDArray[np.float64]:
+    """`values` as `np.asarray(values, dtype=np.float64)` reads them, by the same C-array path."""
+    if type(values) is list:
+        try:
+            return np.frombuffer(array.array("d", values), dtype=np.float64)
+        except (TypeError, OverflowError):
+            pass
+    return np.asarray(values, dtype=np.float64)
 
 
 def as_ids(values: Sequence[int] | npt.NDArray[np.integer]) -> IdArray:

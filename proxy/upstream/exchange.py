@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
-
 from ...store import CallDialect, CallRecord, CallStatus, Capture, ChoiceRecord, InvalidTokens
 from ...store.ids import body_hash, new_id
+from ...store.packing import id_list, logprob_list
 from ...store.records import LineageMark
 from ..dialects.errors import ProxyError
 from . import routed
@@ -154,15 +153,15 @@ class Exchange:
             logprobs: Any = None
             if c.logprobs:
                 if len(c.logprobs) == len(c.token_ids):
-                    logprobs = np.asarray(c.logprobs, dtype=np.float64)
+                    logprobs = logprob_list(c.logprobs)
                 else:
                     self.notes.append(
                         f"choice {index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} "
                         "ids; logprobs dropped"
                     )
             # No dtype: ids that are not integers keep their own type and the store refuses them.
-            choices.append(ChoiceRecord(index, np.asarray(c.token_ids), logprobs, c.finish_reason))
-        return np.asarray(captured.prompt_ids), choices, Capture.TOKENS
+            choices.append(ChoiceRecord(index, id_list(c.token_ids), logprobs, c.finish_reason))
+        return id_list(captured.prompt_ids or []), choices, Capture.TOKENS
 
     def _routing(self, prompt: Any, choices: list[ChoiceRecord]) -> dict[int, Any]:
         """Each choice's routed experts, decoded and packed; what could not be is noted."""

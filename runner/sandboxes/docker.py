@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -63,7 +64,7 @@ from .base import (
     SandboxSpec,
     command_argv,
 )
-from .docker_copy import chown_tree, get_path, put_bytes, put_dir_entry, put_path
+from .docker_copy import chown_trees, get_path, put_bytes, put_dir_entry, put_path
 from .docker_exec import ContainerExec
 from .docker_images import (
     HARNESS_BUILD_TIMEOUT,
@@ -102,12 +103,14 @@ AGENT_NAME = "rolltap"
 AGENT_HOME = "/home/rolltap"
 """HOME of an unprivileged agent (never /root: the image may keep what only root may read)."""
 _ROOT_USERS = ("", "0", "root", "0:0", "root:root")
+_NUMERIC_USER = re.compile(r"(\d+):(\d+)")
 
 # $1 workdir, $2 port, $3 proxy socket inside (or empty), $4 ttl seconds, then the forwarder's
 # egress options. The forwarder prints its port on stdout once bound: the container log is how
 # create() learns the sandbox is ready.
 _INIT = """
 mkdir -p "$1" {log_dirs} || exit 1
+mkdir -p {home} 2>/dev/null
 grep -q '^{agent}:' /etc/passwd 2>/dev/null ||
   echo '{agent}:x:{uid}:{uid}:rolltap agent:{home}:/bin/sh' >> /etc/passwd 2>/dev/null
 grep -q '^{agent}:' /etc/group 2>/dev/null || echo '{agent}:x:{uid}:' >> /etc/group 2>/dev/null
@@ -141,6 +144,7 @@ done
 chmod -R u+rwX "$0" 2>/dev/null || true
 rm -rf "$0" 2>/dev/null || mv "$0" "$(dirname "$0")/.stale-$$-$(basename "$0")"
 mkdir -p "$0"
+chmod 0755 "$0"
 """
 # Prints the uid and gid a user name (or uid) stands for in this image.
 _IDS = "id -u; id -g"
@@ -196,16 +200,23 @@ class DockerSandbox:
         paths = [self.workdir]
         if self._handed is None:
             paths += ["/logs/agent", "/logs/artifacts", self.home]
+            await self._open_the_way_to_mounts()
+        missing = await self._chown(paths, uid, gid)
+        if missing == [self.home]:
+            # The container's start makes it; a task's setup may have removed it.
             made = await self._exec(["mkdir", "-p", self.home], user="0", timeout=60)
             if not made.ok:
                 raise SandboxExecError(f"cannot make {self.home}: {made.stderr.strip()[-300:]}")
-            await self._open_the_way_to_mounts()
-        for path in paths:
-            await self._provider.run(
-                chown_tree, self._provider.raw, self.container_id, path, uid, gid,
-                error=SandboxCopyError,
-            )  # fmt: skip
+            missing = await self._chown(missing, uid, gid)
+        if missing:
+            raise SandboxCopyError(f"{missing[0]} does not exist in the sandbox")
         self._handed = (uid, gid)
+
+    async def _chown(self, paths: list[str], uid: int, gid: int) -> list[str]:
+        return await self._provider.run(
+            chown_trees, self._provider.raw, self.container_id, paths, uid, gid,
+            error=SandboxCopyError,
+        )  # fmt: skip
 
     async def _open_the_way_to_mounts(self) -> None:
         """A harness installed on the host is mounted where it was installed (its scripts name
@@ -300,6 +311,8 @@ class DockerSandbox:
         if not done.ok:
             raise SandboxExecError(f"cannot empty {inside}: {done.stderr.strip()[-300:]}")
         uid, gid = await self._ids(user)
+        if (uid, gid) == (0, 0):
+            return  # root made it, mode 0755: what the archive below would set
         # Root without CAP_CHOWN cannot give it away; the daemon can, by extracting it.
         await self._provider.run(
             put_dir_entry, self._provider.raw, self.container_id, inside, uid, gid,
@@ -315,6 +328,9 @@ class DockerSandbox:
         """The uid and gid a user name (or uid, or uid:gid) stands for in this image."""
         if user in (None, *_ROOT_USERS):
             return 0, 0
+        numeric = _NUMERIC_USER.fullmatch(user)
+        if numeric is not None:
+            return int(numeric[1]), int(numeric[2])  # what `id` would print as that user
         ids = await self._exec(["sh", "-c", _IDS], user=user, timeout=60)
         found = ids.stdout.split()
         if not ids.ok or len(found) != 2 or not all(x.isdigit() for x in found):

@@ -8,6 +8,7 @@ import posixpath
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -40,19 +41,39 @@ def put_dir_entry(
     _put_archive(api, container_id, buf)
 
 
-def chown_tree(api: docker.APIClient, container_id: str, inside: str, uid: int, gid: int) -> None:
-    """Gives a directory tree to uid:gid (root in the container has no CAP_CHOWN): the daemon
-    extracts a copy of it whose every member has that owner, setuid and setgid bits dropped."""
-    try:
-        stream, _ = api.get_archive(container_id, inside)
-    except docker.errors.NotFound as e:
-        raise SandboxCopyError(f"{inside} does not exist in the sandbox") from e
-    parent = posixpath.dirname(inside.rstrip("/")).lstrip("/")
-    with tempfile.TemporaryFile() as got, tempfile.TemporaryFile() as out:
+def chown_trees(
+    api: docker.APIClient, container_id: str, paths: list[str], uid: int, gid: int
+) -> list[str]:
+    """Gives directory trees to uid:gid (root in the container has no CAP_CHOWN): the daemon
+    extracts a copy of them whose every member has that owner, setuid and setgid bits dropped,
+    from one archive (each extraction costs the daemon a process). Returns the paths that do
+    not exist, left out."""
+    missing = []
+    with tempfile.TemporaryFile() as out:
+        with tarfile.open(fileobj=out, mode="w") as owned:
+            for inside in paths:
+                try:
+                    stream, _ = api.get_archive(container_id, inside)
+                except docker.errors.NotFound:
+                    missing.append(inside)
+                    continue
+                _add_owned(
+                    stream, posixpath.dirname(inside.rstrip("/")).lstrip("/"), owned, uid, gid
+                )
+        if len(missing) < len(paths):
+            out.seek(0)
+            _put_archive(api, container_id, out)
+    return missing
+
+
+def _add_owned(
+    stream: Iterable[bytes], parent: str, owned: tarfile.TarFile, uid: int, gid: int
+) -> None:
+    with tempfile.TemporaryFile() as got:
         for chunk in stream:
             got.write(chunk)
         got.seek(0)
-        with tarfile.open(fileobj=got) as tar, tarfile.open(fileobj=out, mode="w") as owned:
+        with tarfile.open(fileobj=got) as tar:
             for member in tar:
                 member.name = posixpath.join(parent, member.name)
                 if member.islnk():
@@ -60,8 +81,6 @@ def chown_tree(api: docker.APIClient, container_id: str, inside: str, uid: int, 
                 member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
                 member.mode &= ~0o6000
                 owned.addfile(member, tar.extractfile(member) if member.isreg() else None)
-        out.seek(0)
-        _put_archive(api, container_id, out)
 
 
 def put_path(api: docker.APIClient, container_id: str, host_path: Path, inside: str) -> None:

@@ -88,11 +88,27 @@ def start(argv: list[str]) -> tuple[list[_socket.socket], Options, int]:
     os._exit(127)
 
 
+def first_client(socks: list[_socket.socket], watched: int) -> bool:
+    """Waits, importing nothing, until a client connects to one of the listening sockets (True)
+    or the watched process is gone (False)."""
+    import select  # a small C module (built into Debian's python3)
+
+    while os.getppid() == watched:
+        ready, _, _ = select.select(socks, [], [], 0.5)
+        if ready:
+            return True
+    return False
+
+
 if __name__ == "__main__":
     LISTENING, OPTIONS, WATCHED = start(sys.argv[1:])
+    # Most commands never call the proxy (setup, tests, an oracle's solution): their serving
+    # process ends without having loaded asyncio.
+    if not first_client(LISTENING, WATCHED):
+        os._exit(0)
 
-# Every sandboxed command waits for start() to bind and exec it; asyncio and socket take tens of
-# milliseconds to import, so only the serving process imports them.
+# Every sandboxed command waits for start() to bind and exec it, and asyncio and socket take
+# tens of milliseconds of CPU to import: only a serving process with a client imports them.
 import asyncio  # noqa: E402
 import socket  # noqa: E402
 

@@ -20,6 +20,7 @@ from rolltap.runner.sandboxes.docker import (
     DockerProvider,
 )
 from rolltap.runner.sandboxes.errors import ImageBuildError
+from rolltap.runner.sandboxes.provision import provision
 from rolltap.runner.tasks import TaskEnvironment
 from tests.support.sandboxes import open_provider, plain_task, spec_for
 
@@ -138,3 +139,23 @@ async def test_compose_environments_are_refused(provider: DockerProvider, tmp_pa
 
     with pytest.raises(ImageBuildError, match="compose"):
         await provider.task_image(task)
+
+
+async def test_the_agent_is_handed_its_paths_and_a_home_its_tasks_setup_removed(
+    provider: DockerProvider,
+) -> None:
+    setup = "rm -rf /home/rolltap && echo given > /app/given.txt"
+    task = replace(plain_task(), environment=TaskEnvironment(setup_script=setup))
+    box = await provider.create(spec_for(task))
+    try:
+        await provision(box, task)
+        await box.hand_over(box.agent_user)
+        paths = f"{box.home} /app /app/given.txt /logs/agent /logs/artifacts"
+        handed = await box.exec(f"stat -c %u {paths}", user=box.agent_user)
+        await box.hand_over(None)
+        back = await box.exec("stat -c %u /app /app/given.txt", user="0")
+    finally:
+        await box.close()
+
+    assert handed.stdout.split() == ["61000"] * 5, handed.stderr
+    assert back.stdout.split() == ["0", "0"]

@@ -136,3 +136,21 @@ async def test_in_front_of_a_command_it_keeps_the_exit_status_and_dies_with_it(
                 break
             await asyncio.sleep(0.05)
         assert host_processes_running(" ".join(argv)) == []
+
+
+async def test_a_command_that_never_calls_ends_with_its_serving_process() -> None:
+    """The serving process of a command nobody connected to (setup, tests, an oracle) waits
+    for a first client without loading asyncio, and still ends with the command."""
+    async with fake_proxy() as (sock, _):
+        port = _free_port()
+        argv = [sys.executable, "-I", "-S", str(FORWARDER), "--listen", f"127.0.0.1:{port}"]
+        argv += ["--unix", str(sock), "--", sys.executable, "-c", "import sys; sys.exit(3)"]
+        proc = await asyncio.create_subprocess_exec(*argv)
+        code = await proc.wait()
+
+        assert code == 3
+        for _ in range(100):
+            if not host_processes_running(" ".join(argv)):
+                break
+            await asyncio.sleep(0.05)
+        assert host_processes_running(" ".join(argv)) == []

@@ -153,8 +153,13 @@ class Rollouts:
             return state
         if state is not None:
             state.refreshing = True
+        # A refresh counts the rollout's calls only for a budget; its status, limits and key
+        # come from its row alone.
+        budgeted = state is not None and (
+            state.budget.max_calls is not None or state.budget.max_tokens is not None
+        )
         try:
-            view = await self._store.rollout_by_key(key)
+            view = await self._store.rollout_by_key(key, counted=state is None or budgeted)
         except DatabaseUnavailable:
             if state is None:
                 raise

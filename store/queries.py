@@ -13,7 +13,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, Text, bindparam, case, cast, exists, func, null, or_, select
+from sqlalchemy import (
+    Row,
+    Select,
+    Text,
+    bindparam,
+    case,
+    cast,
+    exists,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+)
 from sqlalchemy.engine import Connection, Dialect
 
 from ..analysis.bridging import Bridging
@@ -87,6 +100,9 @@ def _rollouts() -> Select[Any]:
     )
 
 
+_COUNTS = ("n_calls", "n_tokens", "n_rejected")
+
+
 def _rollout_view(row: Row[Any]) -> RolloutView:
     m = row._mapping
     return RolloutView(
@@ -124,8 +140,13 @@ def rollout(conn: Connection, rollout_id: str) -> RolloutView:
     return _rollout_view(row)
 
 
-def rollout_by_key_hash(conn: Connection, key_hash: str) -> RolloutView | None:
-    row = (conn.execute(_rollouts().where(R.c.key_hash == key_hash))).first()
+def rollout_by_key_hash(
+    conn: Connection, key_hash: str, *, counted: bool = True
+) -> RolloutView | None:
+    """`counted=False`: its calls uncounted (n_calls, n_tokens and n_rejected read 0), so the
+    lookup is one row where the counts pass over every call the rollout made."""
+    query = _rollouts() if counted else select(R, *(literal(0).label(n) for n in _COUNTS))
+    row = (conn.execute(query.where(R.c.key_hash == key_hash))).first()
     return None if row is None else _rollout_view(row)
 
 

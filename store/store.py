@@ -235,8 +235,9 @@ class Store:
     async def rollout(self, rollout_id: str) -> RolloutView:
         return await self.db.read(queries.rollout, rollout_id)
 
-    async def rollout_by_key(self, key: str) -> RolloutView | None:
-        return await self.db.read(queries.rollout_by_key_hash, hash_key(key))
+    async def rollout_by_key(self, key: str, *, counted: bool = True) -> RolloutView | None:
+        """`counted=False`: without its calls counted (they read 0), a one-row lookup."""
+        return await self.db.read(queries.rollout_by_key_hash, hash_key(key), counted=counted)
 
     async def last_backend(self, rollout_id: str) -> str | None:
         return await self.db.read(queries.last_backend, rollout_id)

@@ -10,6 +10,7 @@ import pytest
 from rolltap.store import Store
 from tests.support.databases import PostgresServer, postgres_unavailable_reason, start_postgres
 from tests.support.engine import smollm_engine  # noqa: F401  (the real model, once a session)
+from tests.support.stores import opened_store
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +37,5 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
-    opened = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as opened:
         yield opened
-    finally:
-        await opened.close()

@@ -10,27 +10,31 @@ import numpy as np
 from click.testing import CliRunner
 
 from rolltap.cli.main import cli
-from rolltap.store import CallStatus, NewRollout, Store
+from rolltap.store import CallStatus, NewRollout
 from tests.support.records import call
+from tests.support.stores import opened_store
 from tests.support.tamper import fetch, tamper
 
 
 def _batch(url: str) -> list[tuple[str, list[str]]]:
     async def run() -> list[tuple[str, list[str]]]:
-        store = await Store.connect(url)
-        made = []
-        for sample in range(2):
-            rollout = await store.create_rollout(
-                NewRollout(batch_id="b", task_id="t", sample_index=sample)
-            )
-            ids = [(await store.append_call(call(rollout.id, [1, 2, 3], [4, 5]))).call_id]
-            ids.append((await store.append_call(call(rollout.id, [1, 2, 3, 4, 5, 6], [7]))).call_id)
-            refused = call(rollout.id, [], status=CallStatus.REJECTED, http_status=403)
-            refused.error = f"rollout {rollout.id} used its budget of 2 calls"
-            ids.append((await store.append_call(refused)).call_id)
-            await store.update_rollout(rollout.id, status="budget_exceeded", error=refused.error)
-            made.append((rollout.id, ids))
-        await store.close()
+        async with opened_store(url) as store:
+            made = []
+            for sample in range(2):
+                rollout = await store.create_rollout(
+                    NewRollout(batch_id="b", task_id="t", sample_index=sample)
+                )
+                ids = [(await store.append_call(call(rollout.id, [1, 2, 3], [4, 5]))).call_id]
+                ids.append(
+                    (await store.append_call(call(rollout.id, [1, 2, 3, 4, 5, 6], [7]))).call_id
+                )
+                refused = call(rollout.id, [], status=CallStatus.REJECTED, http_status=403)
+                refused.error = f"rollout {rollout.id} used its budget of 2 calls"
+                ids.append((await store.append_call(refused)).call_id)
+                await store.update_rollout(
+                    rollout.id, status="budget_exceeded", error=refused.error
+                )
+                made.append((rollout.id, ids))
         return made
 
     return asyncio.run(run())

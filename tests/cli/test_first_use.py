@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rolltap.store import NewRollout, RolloutStatus, Store
+from rolltap.store import NewRollout, RolloutStatus
 from tests.cli.test_mistakes import one_line_error
 from tests.support.cli import rolltap
 from tests.support.processes import ROOT, free_port
+from tests.support.stores import opened_store
 
 README = ROOT / "README.md"
 
@@ -72,14 +73,11 @@ def test_a_resumed_batch_says_it_resumes(tmp_path: Path) -> None:
 
     async def interrupted() -> None:
         # What a killed run leaves: the batch's rollout, never finished.
-        store = await Store.connect(db)
-        try:
+        async with opened_store(db) as store:
             created = await store.create_rollout(
                 NewRollout(batch_id="b1", task_id="t", sample_index=0, harness="oracle")
             )
             await store.update_rollout(created.id, status=RolloutStatus.RUNNING)
-        finally:
-            await store.close()
 
     asyncio.run(interrupted())
     common = ("run", "tasks.jsonl", "--harness", "oracle", "--sandbox", "local", "--db", db)

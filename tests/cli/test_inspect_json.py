@@ -11,9 +11,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rolltap.cli.main import cli
-from rolltap.store import CallStatus, EgressRecord, EgressVerdict, NewRollout, Store
+from rolltap.store import CallStatus, EgressRecord, EgressVerdict, NewRollout
 from rolltap.store.ids import new_id
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 ROLLOUT_FIELDS = [
     "id",
@@ -76,17 +77,16 @@ CALL_FIELDS = [
 
 def _populate(url: str) -> tuple[str, str]:
     async def run() -> tuple[str, str]:
-        store = await Store.connect(url)
-        old = await store.create_rollout(NewRollout(batch_id="b", task_id="old", meta={"k": 1}))
-        new = await store.create_rollout(NewRollout(batch_id="b", task_id="new", harness="h"))
-        await store.update_rollout(new.id, status="running")
-        await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6]))
-        await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 9], [7]))
-        refused = call(new.id, [], status=CallStatus.REJECTED, http_status=403)
-        refused.error = "budget spent"
-        await store.append_call(refused)
-        await store.update_rollout(new.id, status="finished", reward=1.0)
-        await store.close()
+        async with opened_store(url) as store:
+            old = await store.create_rollout(NewRollout(batch_id="b", task_id="old", meta={"k": 1}))
+            new = await store.create_rollout(NewRollout(batch_id="b", task_id="new", harness="h"))
+            await store.update_rollout(new.id, status="running")
+            await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6]))
+            await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 9], [7]))
+            refused = call(new.id, [], status=CallStatus.REJECTED, http_status=403)
+            refused.error = "budget spent"
+            await store.append_call(refused)
+            await store.update_rollout(new.id, status="finished", reward=1.0)
         return old.id, new.id
 
     return asyncio.run(run())
@@ -157,7 +157,7 @@ def test_show_lists_egress_requests_in_text_and_json(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
 
     async def make() -> str:
-        async with await Store.connect(url) as store:
+        async with opened_store(url) as store:
             rollout = (await store.create_rollout(NewRollout(task_id="online"))).id
             at = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
             later, last = at + timedelta(seconds=1), at + timedelta(seconds=2)
@@ -202,7 +202,7 @@ def test_show_says_what_a_missing_bridge_break_rate_means(tmp_path: Path) -> Non
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
 
     async def make() -> str:
-        async with await Store.connect(url) as store:
+        async with opened_store(url) as store:
             rollout = (await store.create_rollout(NewRollout(task_id="by-hand"))).id
             await store.append_call(call(rollout, [1, 2, 3], [4, 5], bridge="first_turn"))
             await store.append_call(call(rollout, [1, 2, 6], [7], bridge="answer_dropped"))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rolltap.store import Store
 from tests.support.cli import rolltap
 from tests.support.processes import free_port, reaped, start_fake_engine
+from tests.support.stores import opened_store
 
 TASKS = [{"id": "say", "instruction": "say hi", "test": "test -s answer.txt"}]
 
@@ -29,12 +29,9 @@ async def test_a_batch_runs_token_in_when_asked(tmp_path: Path, flags: tuple[str
             *("--backend", kids[0].url, "--db", "s.sqlite", "--batch", "b", *flags),
         )
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    store = await Store.connect(f"sqlite:///{tmp_path / 's.sqlite'}")
-    try:
+    async with opened_store(f"sqlite:///{tmp_path / 's.sqlite'}") as store:
         (view,) = await store.rollouts(batch="b")
         calls = await store.calls(view.id)
-    finally:
-        await store.close()
     assert len(calls) == 1
     if flags:
         assert view.meta["token_in"] is True

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from rolltap.cli.main import cli
-from rolltap.store import Store
 from tests.support.databases import PostgresServer
 from tests.support.processes import free_port, start_serve
 from tests.support.proxy import fake_engine
+from tests.support.stores import opened_store
 
 _CALLS = re.compile(r"^rolltap_calls_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 _REPLICA = re.compile(r'^rolltap_replica\{replica="([^"]+)"\} 1', re.M)
@@ -36,8 +36,7 @@ async def _fresh(method: str, url: str, **kwargs: object) -> tuple[int, str]:
 
 async def test_two_workers_share_the_port_and_record_every_call_once(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    store = await Store.connect(db)
-    try:
+    async with opened_store(db) as store:
         rollouts = [await store.create_rollout() for _ in range(4)]
         async with fake_engine() as engine:
             port = free_port()
@@ -80,8 +79,6 @@ async def test_two_workers_share_the_port_and_record_every_call_once(tmp_path: P
         for created in rollouts:
             calls = await store.calls(created.id)
             assert sorted(c.seq for c in calls) == list(range(1, 11))
-    finally:
-        await store.close()
 
 
 @pytest.mark.parametrize(

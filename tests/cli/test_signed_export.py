@@ -13,38 +13,38 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner, Result
 
 from rolltap.cli.main import cli
-from rolltap.store import NewRollout, Store
+from rolltap.store import NewRollout
 from tests.support.records import call
+from tests.support.stores import opened_store
 from tests.support.tamper import fetch, tamper
 
 
 def _store(url: str) -> list[tuple[str, list[str]]]:
     async def run() -> list[tuple[str, list[str]]]:
-        store = await Store.connect(url)
-        made = []
-        for sample in range(2):
-            rollout = await store.create_rollout(
-                NewRollout(batch_id="b", task_id="t", sample_index=sample)
-            )
-            ids = []
-            for turn, (prompt, answer) in enumerate(
-                [([1, 2, 3], [4, 5]), ([1, 2, 3, 4, 5, 6], [7])]
-            ):
-                messages = [{"role": "user", "content": f"turn {t}"} for t in range(turn + 1)]
-                reply = {
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]
-                }
-                record = call(
-                    rollout.id,
-                    prompt,
-                    answer,
-                    request_body=json.dumps({"messages": messages}).encode(),
-                    response_body=json.dumps(reply).encode(),
+        async with opened_store(url) as store:
+            made = []
+            for sample in range(2):
+                rollout = await store.create_rollout(
+                    NewRollout(batch_id="b", task_id="t", sample_index=sample)
                 )
-                ids.append((await store.append_call(record)).call_id)
-            await store.update_rollout(rollout.id, status="finished", reward=1.0)
-            made.append((rollout.id, ids))
-        await store.close()
+                ids = []
+                for turn, (prompt, answer) in enumerate(
+                    [([1, 2, 3], [4, 5]), ([1, 2, 3, 4, 5, 6], [7])]
+                ):
+                    messages = [{"role": "user", "content": f"turn {t}"} for t in range(turn + 1)]
+                    reply = {
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]
+                    }
+                    record = call(
+                        rollout.id,
+                        prompt,
+                        answer,
+                        request_body=json.dumps({"messages": messages}).encode(),
+                        response_body=json.dumps(reply).encode(),
+                    )
+                    ids.append((await store.append_call(record)).call_id)
+                await store.update_rollout(rollout.id, status="finished", reward=1.0)
+                made.append((rollout.id, ids))
         return made
 
     return asyncio.run(run())

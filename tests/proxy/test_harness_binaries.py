@@ -31,6 +31,7 @@ from rolltap.store import CallDialect, CallStatus, CallView, Capture, Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.harness_process import installed, run_launch
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
+from tests.support.stores import opened_store
 
 pytestmark = pytest.mark.slow
 
@@ -57,11 +58,8 @@ def with_args(launch: Launch, extra: Sequence[str]) -> Launch:
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.connect(f"sqlite:///{tmp_path / 'store.sqlite'}")
-    try:
+    async with opened_store(f"sqlite:///{tmp_path / 'store.sqlite'}") as opened:
         yield opened
-    finally:
-        await opened.close()
 
 
 async def run_harness(

@@ -11,6 +11,7 @@ from rolltap.store import CallStatus, Store
 from tests.support.databases import PostgresServer
 from tests.support.fake_vllm import IM_END, encode, render
 from tests.support.proxy import OpenAIFactory, fake_engine, running_proxy
+from tests.support.stores import opened_store
 
 pytestmark = pytest.mark.postgres
 
@@ -26,11 +27,8 @@ def pg_url(postgres: PostgresServer) -> Iterator[str]:
 
 @pytest.fixture
 async def pg_store(pg_url: str) -> AsyncIterator[Store]:
-    store = await Store.connect(pg_url)
-    try:
+    async with opened_store(pg_url) as store:
         yield store
-    finally:
-        await store.close()
 
 
 async def test_concurrent_rollouts_on_postgres(pg_store: Store, sdk: OpenAIFactory) -> None:

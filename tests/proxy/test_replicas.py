@@ -20,6 +20,7 @@ from rolltap.store import Store
 from tests.support.databases import PostgresServer
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import Engine, OpenAIFactory, fake_engine, running_proxy
+from tests.support.stores import opened_store
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.postgres
@@ -59,8 +60,7 @@ async def replicas(pg_url: str) -> AsyncIterator[Replicas]:
         proxies = []
         stores = []
         for _ in range(2):
-            store = await Store.connect(pg_url)
-            stack.push_async_callback(store.close)
+            store = await stack.enter_async_context(opened_store(pg_url))
             stores.append(store)
             proxies.append(await stack.enter_async_context(running_proxy(store, *urls)))
         yield Replicas(stores[0], proxies[0], proxies[1], engines)
@@ -182,14 +182,11 @@ async def test_a_replica_that_starts_later_takes_over_the_gate(
 ) -> None:
     await _post(f"{replicas.a.url}/admin/resume", {"weight_version": "3"})
     await _post(f"{replicas.a.url}/admin/pause")
-    store = await Store.connect(pg_url)
-    try:
+    async with opened_store(pg_url) as store:
         async with running_proxy(store, *(e.url for e in replicas.engines)) as late:
             assert late.ctx.hold.paused
             assert late.ctx.hold.weight_version == "3"
             assert late.ctx.hold.epoch_of("3") == 1
-    finally:
-        await store.close()
 
 
 async def test_a_replica_whose_listener_is_dropped_listens_again(

@@ -18,6 +18,7 @@ from rolltap.proxy.secret import secret_path, signing_key
 from rolltap.store import Store, resolve_url
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
+from tests.support.stores import opened_store
 
 SHELL = {
     "type": "function",
@@ -191,20 +192,16 @@ async def test_an_edited_turn_is_sent_as_the_harness_wrote_it(
 async def test_references_survive_a_restart(db_url: str, tmp_path: Path) -> None:
     fake = FakeVLLM(script=script)
     async with fake_engine(fake) as engine:
-        store = await Store.connect(db_url)
-        try:
+        async with opened_store(db_url) as store:
             async with running_proxy(store, engine.url) as proxy:
                 rollout_id, key = await new_rollout(store)
                 async with openai.AsyncOpenAI(
                     base_url=f"{proxy.url}/r/{key}/v1", api_key="x"
                 ) as client:
                     items = await first_turn(client)
-        finally:
-            await store.close()
 
         # A new process: nothing in memory, the secret read back from beside the database.
-        store = await Store.connect(db_url)
-        try:
+        async with opened_store(db_url) as store:
             async with running_proxy(store, engine.url) as proxy:
                 async with openai.AsyncOpenAI(
                     base_url=f"{proxy.url}/r/{key}/v1", api_key="x"
@@ -213,8 +210,6 @@ async def test_references_survive_a_restart(db_url: str, tmp_path: Path) -> None
                         model="m", input=second_input(rewritten(items)), tools=[SHELL, APPLY_PATCH]
                     )
             calls = await store.calls(rollout_id)
-        finally:
-            await store.close()
 
     assistant = chats(fake)[1]["messages"][1]
     # Rebuilt from the recorded response: the reasoning and the verbatim function arguments;

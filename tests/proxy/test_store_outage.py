@@ -27,6 +27,7 @@ from rolltap.store import CallStatus, Store
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.private_postgres import private_postgres, private_postgres_unavailable_reason
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
+from tests.support.stores import opened_store
 
 CLIENTS = 16
 CAPACITY = 8
@@ -181,8 +182,7 @@ async def test_postgres_stopped_for_10_s_under_16_clients_loses_nothing() -> Non
     if reason is not None:
         pytest.skip(reason)
     with private_postgres() as pg:
-        store = await Store.connect(pg.url, capacity=CAPACITY, outage_limit=120)
-        try:
+        async with opened_store(pg.url, capacity=CAPACITY, outage_limit=120) as store:
             fake = FakeVLLM(token_delay=0.001, record_requests=False)
             async with fake_engine(fake) as engine, running_proxy(store, engine.url) as proxy:
                 await _outage(
@@ -194,8 +194,6 @@ async def test_postgres_stopped_for_10_s_under_16_clients_loses_nothing() -> Non
                     seconds=10,
                     degraded_as="down",
                 )
-        finally:
-            await store.close()
 
 
 async def test_locked_sqlite_database_loses_nothing(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
 from tests.support.chats import QWEN3_STYLE
 from tests.support.proxy import new_rollout, running_proxy
+from tests.support.stores import opened_store
 from tests.support.streams import add_call_deltas
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -109,11 +110,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
 async def store(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Store]:
     """One store and one proxy for the module: each test has rollouts of its own."""
     folder = tmp_path_factory.mktemp("store")
-    opened = await Store.connect(f"sqlite:///{folder / 'store.sqlite'}")
-    try:
+    async with opened_store(f"sqlite:///{folder / 'store.sqlite'}") as opened:
         yield opened
-    finally:
-        await opened.close()
 
 
 @dataclass

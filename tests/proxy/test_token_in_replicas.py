@@ -14,9 +14,9 @@ import aiohttp
 import numpy as np
 import pytest
 
-from rolltap.store import Store
 from tests.support.databases import PostgresServer
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
+from tests.support.stores import opened_store
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -34,8 +34,7 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 async def test_a_conversation_bridges_across_proxy_processes(shared: str) -> None:
-    store, other = await Store.connect(shared), await Store.connect(shared)
-    try:
+    async with opened_store(shared) as store, opened_store(shared) as other:
         async with (
             fake_engine() as engine,
             running_proxy(store, engine.url) as first,
@@ -61,6 +60,3 @@ async def test_a_conversation_bridges_across_proxy_processes(shared: str) -> Non
             assert np.array_equal(a.prompt_ids[: len(held)], held)
         (one,) = (await store.rollout_trajectories(rollout_id)).trajectories
         assert one.call_ids == tuple(c.id for c in calls)
-    finally:
-        await other.close()
-        await store.close()

@@ -25,6 +25,7 @@ from rolltap.store import NewRollout, Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 TOOLS = [
     {
@@ -162,7 +163,7 @@ def test_rolltap_show_prints_the_rate_and_why(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
 
     async def make() -> str:
-        async with await Store.connect(url) as store:
+        async with opened_store(url) as store:
             rollout = (await store.create_rollout(NewRollout(task_id="t"))).id
             for k, outcome in enumerate(["ok", "malformed: call 1: no name", "none", None]):
                 await store.append_call(call(rollout, [1, 2, k], [4], tool_parse=outcome))

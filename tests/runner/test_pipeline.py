@@ -24,6 +24,7 @@ from rolltap.store import Capture, RolloutStatus, Store
 from tests.support.fake_harness import ShellHarness, cleanup, shell_installation
 from tests.support.proxy import fake_engine
 from tests.support.sandboxes import provider_of
+from tests.support.stores import opened_store
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "tasks"
@@ -215,11 +216,8 @@ def test_killed_run_resumes_without_duplicates(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
 
     async def check() -> None:
-        store = await Store.connect(db)
-        try:
+        async with opened_store(db) as store:
             views = await store.rollouts()
-        finally:
-            await store.close()
         current: dict[tuple[str | None, int | None], list[Any]] = {}
         for v in views:
             if v.status is not RolloutStatus.CANCELLED:

@@ -27,12 +27,13 @@ from rolltap.runner.cluster.batch import run_batch_on_ray
 from rolltap.runner.cluster.node import NODE
 from rolltap.runner.sandboxes.docker import BASE_IMAGE
 from rolltap.runner.tasks import load_tasks
-from rolltap.store import RolloutStatus, Store
+from rolltap.store import RolloutStatus
 from tests.support.databases import PostgresServer
 from tests.support.fake_vllm import read_log
 from tests.support.processes import Child, free_port, reaped, start_fake_engine
 from tests.support.sandboxes import open_provider
 from tests.support.service import running_service
+from tests.support.stores import opened_store
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -108,14 +109,11 @@ async def test_64_rollouts_spread_over_three_nodes_each_call_recorded_once(
     assert {r.status for r in result.results} == {RolloutStatus.SUCCEEDED}, errors
     assert result.summary.rollouts == 64
 
-    store = await Store.connect(world.db)
-    try:
+    async with opened_store(world.db) as store:
         views = await store.rollouts(batch="say-64")
         assert len(views) == 64  # one attempt per sample: nothing was retried
         assert all(v.n_calls == 1 for v in views)
         calls = [c for v in views for c in await store.calls(v.id)]
-    finally:
-        await store.close()
     # Every engine request is one recorded call, and no call was recorded twice.
     seen, _ = read_log(str(world.engine_log))
     assert len(seen) == len(calls) == 64
@@ -128,8 +126,7 @@ async def test_64_rollouts_spread_over_three_nodes_each_call_recorded_once(
 
 async def test_the_rollout_service_runs_its_batches_on_the_cluster(world: RayWorld) -> None:
     tasks = [{"id": f"s{i}", "instruction": f"say {i}", "test": "test -s answer.txt"} for i in "ab"]
-    store = await Store.connect(world.db)
-    try:
+    async with opened_store(world.db) as store:
         async with running_service(
             store, world.engine.url, logs=world.tmp / "service", ray_address=world.cluster.address
         ) as service:
@@ -145,8 +142,6 @@ async def test_the_rollout_service_runs_its_batches_on_the_cluster(world: RayWor
             for v in views
             for c in await store.calls(v.id)
         }
-    finally:
-        await store.close()
     # Each node's proxy derived the batch seed per sample and salted the call with its version.
     assert {k: body["seed"] for k, body in sent.items()} == {
         (t, n): derived_seed(5, t, n, 0, 0) for t in ("sa", "sb") for n in range(2)
@@ -189,11 +184,8 @@ async def test_each_node_builds_the_task_images_before_its_first_rollout(
             await provider.run(provider.raw.inspect_image, await provider.task_image(t))
             for t in loaded.values()
         ]
-        store = await Store.connect(world.db)
-        try:
+        async with opened_store(world.db) as store:
             views = await store.rollouts(batch="images-4")
-        finally:
-            await store.close()
     finally:
         await provider.close()
     # Docker writes nanoseconds; datetime takes microseconds.
@@ -234,8 +226,7 @@ async def test_a_lost_node_s_rollouts_are_retried_elsewhere_as_new_attempts(
         )
     )
     victim = world.cluster.list_all_nodes()[1]
-    store = await Store.connect(world.db)
-    try:
+    async with opened_store(world.db) as store:
         # Kill the node once its rollouts are under way there.
         for _ in range(600):
             views = await store.rollouts(batch="slow-9")
@@ -249,8 +240,6 @@ async def test_a_lost_node_s_rollouts_are_retried_elsewhere_as_new_attempts(
         result = await asyncio.wait_for(batch, 180)
 
         views = await store.rollouts(batch="slow-9")
-    finally:
-        await store.close()
     assert result.summary.rollouts == 9
     assert {r.status for r in result.results} == {RolloutStatus.SUCCEEDED}
     retried = [v for v in views if v.attempt > 0]

@@ -35,6 +35,7 @@ from rolltap.store import RolloutStatus, Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine
 from tests.support.sandboxes import provider_of
+from tests.support.stores import opened_store
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,7 +187,7 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Rolled:
     db_url = f"sqlite:///{root / 'store.sqlite'}"
 
     async def run_once() -> str:
-        async with await Store.connect(db_url) as store, fake_engine(roller()) as engine:
+        async with opened_store(db_url) as store, fake_engine(roller()) as engine:
             the_task = task(tasks, "roll-a-number")
             return await record(store, root, "mini-swe-agent", the_task, engine.url, "fake")
 
@@ -195,7 +196,7 @@ def rolled(tmp_path_factory: pytest.TempPathFactory) -> Rolled:
 
 @pytest.fixture
 async def rolled_store(rolled: Rolled) -> AsyncIterator[Store]:
-    async with await Store.connect(rolled.db_url) as store:
+    async with opened_store(rolled.db_url) as store:
         yield store
 
 

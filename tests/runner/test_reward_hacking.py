@@ -24,6 +24,7 @@ from rolltap.runner.verify import verify
 from rolltap.store import EgressVerdict, Store
 from tests.support.egress import require_gate
 from tests.support.sandboxes import provider_of, spec_for
+from tests.support.stores import opened_store
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +56,7 @@ async def test_audit_hacks_reports_every_exploit_and_no_honest_run(
     kind: str, db_url: str, tmp_path: Path
 ) -> None:
     labelled = {s.task.id: s.label for s in labelled_set()}
-    store = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as store:
         async with provider_of(kind, tmp_path / "boxes") as provider:
             result = await run_batch(
                 [s.task for s in labelled_set()],
@@ -68,8 +68,6 @@ async def test_audit_hacks_reports_every_exploit_and_no_honest_run(
                 logs_root=tmp_path / "logs",
             )
         stored = {r.task_id: (await store.rollout(r.rollout_id)).hack_flags for r in result.results}
-    finally:
-        await store.close()
     audit = CliRunner().invoke(
         cli, ["audit", "hacks", "--batch", f"hacks-{kind}", "--json", "--db", db_url]
     )

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from rolltap.examples import grpo_tasks
-from rolltap.store import CallStatus, Store
+from rolltap.store import CallStatus
+from tests.support.stores import opened_store
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "grpo_cpu.py"
@@ -71,8 +72,7 @@ async def test_two_grpo_iterations_train_push_sample_on_the_new_weights_and_draw
     # held-out tasks ran on the base weights and on the last ones.
     heldout = report["heldout"]
     assert [h["policy_version"] for h in heldout] == ["0", "2"]
-    store = await Store.connect(f"sqlite:///{out / 'rolltap.sqlite'}")
-    try:
+    async with opened_store(f"sqlite:///{out / 'rolltap.sqlite'}") as store:
         batches = [(first, "0", TASKS * SAMPLES), (second, "1", TASKS * SAMPLES)]
         batches += [(h, h["policy_version"], HELDOUT * HELDOUT_SAMPLES) for h in heldout]
         for batch, version, rollouts in batches:
@@ -82,8 +82,6 @@ async def test_two_grpo_iterations_train_push_sample_on_the_new_weights_and_draw
             assert len(calls) == rollouts
             assert {c.weight_version for c in calls} == {version}
             assert all(c.status is CallStatus.OK for c in calls)
-    finally:
-        await store.close()
     assert [it["call_versions"] for it in (first, second)] == [["0"], ["1"]]
     assert all(h["samples"] == HELDOUT * HELDOUT_SAMPLES for h in heldout)
     assert all(0 <= h["mean_reward"] <= 1 for h in heldout)

@@ -20,6 +20,7 @@ from rolltap.store import Store
 from tests.support import atif_spec
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
+from tests.support.stores import opened_store
 
 LISTING = "a.txt\nb.txt"
 CHAT_TOOLS = [
@@ -278,10 +279,7 @@ def store_url_with_sessions(tmp_path: Path) -> tuple[str, list[str]]:
     url = f"sqlite:///{tmp_path / 'sessions.sqlite'}"
 
     async def record() -> list[str]:
-        store = await Store.connect(url)
-        try:
+        async with opened_store(url) as store:
             return [await _session(store, d) for d in sorted(SESSIONS)]
-        finally:
-            await store.close()
 
     return url, asyncio.run(record())

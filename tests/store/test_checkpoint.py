@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rolltap.store import Store
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 PAGE_BYTES = 4096
 WAL_PAGES = 3000  # three times the 1,000 pages at which SQLite's automatic checkpoint would run
@@ -30,8 +31,7 @@ async def test_committed_data_reaches_the_database_file_while_the_store_is_open(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "store.sqlite"
-    store = await Store.connect(f"sqlite:///{path}")
-    try:
+    async with opened_store(f"sqlite:///{path}") as store:
         written = WAL_PAGES * PAGE_BYTES
         await _fill(store, written)
         # Everything committed is in the WAL at once; the checkpointer moves it into the main
@@ -40,20 +40,12 @@ async def test_committed_data_reaches_the_database_file_while_the_store_is_open(
         while path.stat().st_size < written and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert path.stat().st_size >= written
-    finally:
-        await store.close()
 
 
 async def test_data_survives_close_and_reopen_after_checkpoints(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    store = await Store.connect(url)
-    try:
+    async with opened_store(url) as store:
         await _fill(store, 2 * 1024 * 1024)
         rollout_id = (await store.rollouts())[0].id
-    finally:
-        await store.close()
-    reopened = await Store.connect(url)
-    try:
+    async with opened_store(url) as reopened:
         assert len(await reopened.calls(rollout_id)) == 32
-    finally:
-        await reopened.close()

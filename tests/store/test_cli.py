@@ -9,19 +9,19 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rolltap.cli.main import cli
-from rolltap.store import NewRollout, Store
+from rolltap.store import NewRollout
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 
 def _populate(url: str) -> tuple[str, str]:
     async def run() -> tuple[str, str]:
-        store = await Store.connect(url)
-        old = await store.create_rollout(NewRollout(batch_id="b", task_id="old-task"))
-        new = await store.create_rollout(NewRollout(batch_id="b", task_id="new-task"))
-        await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6, 7], purpose="title"))
-        await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 7, 8], [9]))
-        await store.update_rollout(new.id, status="finished", reward=1.0)
-        await store.close()
+        async with opened_store(url) as store:
+            old = await store.create_rollout(NewRollout(batch_id="b", task_id="old-task"))
+            new = await store.create_rollout(NewRollout(batch_id="b", task_id="new-task"))
+            await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6, 7], purpose="title"))
+            await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 7, 8], [9]))
+            await store.update_rollout(new.id, status="finished", reward=1.0)
         return old.id, new.id
 
     return asyncio.run(run())

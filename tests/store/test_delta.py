@@ -12,6 +12,7 @@ from rolltap.store import Store
 from rolltap.store.delta import KnownCall, choose_parent, common_prefix
 from rolltap.store.models import call_table
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 
 async def _suffix_lengths(store: Store, rollout_id: str) -> list[tuple[int, int | None, int]]:
@@ -82,20 +83,16 @@ async def test_prompt_extending_second_of_n_choices(store: Store) -> None:
 
 
 async def test_deltas_rebuild_after_reopening_the_store(db_url: str) -> None:
-    first = await Store.connect(db_url)
-    rollout = await first.create_rollout()
-    await first.append_call(call(rollout.id, [1, 2, 3], [4, 5]))
-    await first.close()
+    async with opened_store(db_url) as first:
+        rollout = await first.create_rollout()
+        await first.append_call(call(rollout.id, [1, 2, 3], [4, 5]))
 
     # A new process (or a restarted proxy) has no cached calls: it must load them to delta.
-    second = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as second:
         await second.append_call(call(rollout.id, [1, 2, 3, 4, 5, 6], [7]))
         assert (await _suffix_lengths(second, rollout.id))[1] == (5, 0, 1)
         tokens = list((await second.rollout_tokens(rollout.id)).values())
         assert tokens[1].prompt_ids.tolist() == [1, 2, 3, 4, 5, 6]
-    finally:
-        await second.close()
 
 
 ids = st.lists(st.integers(0, 20), max_size=30)

@@ -10,19 +10,19 @@ import pytest
 from click.testing import CliRunner
 
 from rolltap.cli.main import cli
-from rolltap.store import AmbiguousId, NewRollout, NotFound, Store
+from rolltap.store import AmbiguousId, NewRollout, NotFound
 from rolltap.store import open as open_store
 from tests.cli.test_mistakes import one_line_error
 from tests.support.cli import rolltap
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 
 def _populate(url: str) -> tuple[list[str], str]:
     """Three rollouts (batches b-one, b-two, none), the first with a call; ids and the call's."""
 
     async def run() -> tuple[list[str], str]:
-        store = await Store.connect(url)
-        try:
+        async with opened_store(url) as store:
             ids = []
             for batch in ("b-one", "b-two", None):
                 created = await store.create_rollout(NewRollout(batch_id=batch, task_id="t"))
@@ -30,8 +30,6 @@ def _populate(url: str) -> tuple[list[str], str]:
             receipt = await store.append_call(call(ids[0], [1, 2, 3], [4, 5]))
             await store.update_rollout(ids[0], status="finished", reward=1.0)
             return ids, receipt.call_id
-        finally:
-            await store.close()
 
     return asyncio.run(run())
 

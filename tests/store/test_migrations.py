@@ -6,6 +6,7 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.store import Store, migrate
+from tests.support.stores import opened_store
 
 
 async def test_migrated_database_matches_the_models(store: Store) -> None:
@@ -88,14 +89,11 @@ async def test_every_check_constraint_of_the_models_is_in_the_migrated_schema(
 
     from rolltap.store.models import Base
 
-    store = await Store.connect(f"sqlite:///{tmp_path}/checks.sqlite")
-    try:
+    async with opened_store(f"sqlite:///{tmp_path}/checks.sqlite") as store:
         rows = await store.db.read(
             lambda c: c.execute(text("SELECT name, sql FROM sqlite_master WHERE type='table'"))
         )
         schema = {name: " ".join(sql.split()) for name, sql in rows}
-    finally:
-        await store.close()
     missing = [
         f"{table.name}: {check.sqltext}"
         for table in Base.metadata.tables.values()

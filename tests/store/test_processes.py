@@ -15,6 +15,7 @@ from rolltap.store import NewRollout, Store
 from rolltap.store.models import call_table, choice_table
 from tests.support.records import call
 from tests.support.store_writer import tokens_for
+from tests.support.stores import opened_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,8 +68,7 @@ async def _assert_acked_calls_are_exact(store: Store, acks: dict[str, int], tag:
 
 
 async def test_concurrent_writer_processes(db_url: str) -> None:
-    store = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as store:
         shared = (await store.create_rollout(NewRollout(task_id="shared"))).id
         # Four processes: two with their own rollouts, two appending to one shared rollout.
         procs = [
@@ -94,8 +94,6 @@ async def test_concurrent_writer_processes(db_url: str) -> None:
         # Two processes appended to it at once: still one unbroken hash chain.
         assert (await store.verify_rollout(shared)).ok
         await _assert_consistent(store)
-    finally:
-        await store.close()
 
 
 async def test_writer_killed_mid_batch_keeps_every_acknowledged_call(db_url: str) -> None:
@@ -112,8 +110,7 @@ async def test_writer_killed_mid_batch_keeps_every_acknowledged_call(db_url: str
     assert len(acks) >= 300
     assert "DONE" not in rest
 
-    store = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as store:
         await _assert_acked_calls_are_exact(store, acks, 9)
         await _assert_consistent(store)
         # The store still accepts writes to the same rollout after the crash.
@@ -123,5 +120,3 @@ async def test_writer_killed_mid_batch_keeps_every_acknowledged_call(db_url: str
         assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
         await store.append_call(call(rollout_id, [1, 2], [3]))
         assert (await store.verify_rollout(rollout_id)).ok
-    finally:
-        await store.close()

@@ -19,6 +19,7 @@ from rolltap.store import (
 from rolltap.store.migrate import SchemaOutOfDate, head_revision
 from rolltap.store.queries import DRIFT_FILTERS
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 INITIAL = "ceb17e07993d"
 """The first migration: a store left at it predates every later table."""
@@ -51,12 +52,10 @@ async def _fill(store: Store) -> dict[str, str]:
 
 
 async def test_read_only_store_reads_and_refuses_writes(db_url: str) -> None:
-    writer = await Store.connect(db_url)
-    ids = await _fill(writer)
-    await writer.close()
+    async with opened_store(db_url) as writer:
+        ids = await _fill(writer)
 
-    store = await Store.connect(db_url, read_only=True)
-    try:
+    async with opened_store(db_url, read_only=True) as store:
         assert (await store.rollout(ids["broken"])).n_calls == 2
         with pytest.raises(ReadOnly):
             await store.create_rollout(NewRollout())
@@ -72,8 +71,6 @@ async def test_read_only_store_reads_and_refuses_writes(db_url: str) -> None:
         # Trajectories are assembled on the store's analysis thread, opened read-only as well.
         built = await store.rollout_trajectories(ids["broken"])
         assert len(built.trajectories) == 2
-    finally:
-        await store.close()
 
 
 def test_read_only_creates_nothing(tmp_path: Path) -> None:
@@ -97,10 +94,9 @@ def test_read_only_never_migrates_a_stale_file(tmp_path: Path, revision: str, sa
     path = tmp_path / "old.sqlite"
 
     async def make_stale() -> None:
-        store = await Store.connect(f"sqlite:///{path}")
-        async with store.db.writer.begin() as conn:
-            await conn.execute(text(f"UPDATE alembic_version SET version_num = '{revision}'"))
-        await store.close()
+        async with opened_store(f"sqlite:///{path}") as store:
+            async with store.db.writer.begin() as conn:
+                await conn.execute(text(f"UPDATE alembic_version SET version_num = '{revision}'"))
 
     asyncio.run(make_stale())
     before = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -111,8 +107,7 @@ def test_read_only_never_migrates_a_stale_file(tmp_path: Path, revision: str, sa
 
 
 async def test_rollout_filters(db_url: str) -> None:
-    store = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as store:
         ids = await _fill(store)
 
         async def found(**filters: object) -> set[str]:
@@ -140,13 +135,10 @@ async def test_rollout_filters(db_url: str) -> None:
         assert [r.id for r in await store.rollouts(batch="b", limit=2, offset=1)] == [
             r.id for r in newest_first[1:3]
         ]
-    finally:
-        await store.close()
 
 
 async def test_batches_summarise_newest_first(db_url: str) -> None:
-    store = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as store:
         await _fill(store)
         batches = await store.batches()
         assert [b.batch_id for b in batches] == ["c", "b"]
@@ -159,5 +151,3 @@ async def test_batches_summarise_newest_first(db_url: str) -> None:
         assert (c.rollouts, c.rewarded, c.mean_reward, c.statuses) == (1, 0, None, {"pending": 1})
         assert [x.batch_id for x in await store.batches(limit=1, offset=1)] == ["b"]
         assert (await store.batches(pass_reward=0.5))[1].passed == 2
-    finally:
-        await store.close()

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from rolltap.store import NewRollout, RolloutStatus, Store
 from rolltap.store.models import routed_experts_table
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 LAYERS, TOPK = 4, 2
 
@@ -85,14 +86,11 @@ async def test_rows_that_differ_are_stored_again(store: Store, db_url: str) -> N
     row = first.nbytes // len(first)
     assert await _stored_bytes(store, rollout.id) == first.nbytes + (len(second) - 20) * row
 
-    cold = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as cold:
         third_ids = [*second_ids, 1, 2]
         third = _routing(third_ids).astype(np.uint16) + 300  # ids past 255: another dtype
         record = call(rollout.id, third_ids[:-1], third_ids[-1:], routed_experts={0: third})
         await cold.append_call(record)
-    finally:
-        await cold.close()
     assert await _stored_bytes(store, rollout.id) == (
         first.nbytes + (len(second) - 20) * row + third.nbytes
     )

@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from rolltap.store import NewRollout, NotFound, Store, StoreReader
 from tests.support.records import call
+from tests.support.stores import opened_store
 
 
 async def test_concurrent_appends_share_commits_and_are_durable_when_awaited(
@@ -24,11 +25,8 @@ async def test_concurrent_appends_share_commits_and_are_durable_when_awaited(
     assert len({r.call_id for r in receipts}) == 500
     assert store.commits - commits_before < 100
     # Durable means visible to an independent connection (another process would see it too).
-    other = await Store.connect(db_url)
-    try:
+    async with opened_store(db_url) as other:
         counts = [len(await other.calls(r.id)) for r in rollouts]
-    finally:
-        await other.close()
     assert counts == [25] * 20
 
 
@@ -84,10 +82,9 @@ async def test_a_batch_never_holds_the_same_sample_twice(store: Store) -> None:
 
 def test_sync_reader_works_inside_a_running_event_loop(db_url: str) -> None:
     async def write() -> str:
-        store = await Store.connect(db_url)
-        rollout = await store.create_rollout(NewRollout(task_id="sync"))
-        await store.append_call(call(rollout.id, [7, 8], [9]))
-        await store.close()
+        async with opened_store(db_url) as store:
+            rollout = await store.create_rollout(NewRollout(task_id="sync"))
+            await store.append_call(call(rollout.id, [7, 8], [9]))
         return rollout.id
 
     rollout_id = asyncio.run(write())

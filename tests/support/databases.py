@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from rolltap.store import Store
+from tests.support.stores import opened_store
 
 PG_ADMIN_DSN = os.environ.get("ROLLTAP_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -66,8 +66,8 @@ def start_postgres() -> Iterator[PostgresServer]:
     try:
 
         async def migrate() -> None:
-            store = await Store.connect(server.url(template))
-            await store.close()
+            async with opened_store(server.url(template)):
+                pass
 
         asyncio.run(migrate())
         yield server

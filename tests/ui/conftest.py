@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from rolltap.store import Store
 from rolltap.store.packing import IdArray
 from rolltap.ui.tokens import TokenTexts
 from tests.support.audit_rollouts import Made, make_rollouts
 from tests.support.fake_vllm import MODEL, decode
 from tests.support.proxy import fake_engine
+from tests.support.stores import opened_store
 
 
 class FakeEngineTexts:
@@ -41,12 +41,9 @@ def fake_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Made]:
     url = f"sqlite:///{tmp_path_factory.mktemp('ui-store') / 'store.sqlite'}"
 
     async def make() -> Made:
-        store = await Store.connect(url)
-        try:
+        async with opened_store(url) as store:
             async with fake_engine() as engine:
                 return await make_rollouts(store, engine.url, MODEL)
-        finally:
-            await store.close()
 
     return url, asyncio.run(make())
 

@@ -21,9 +21,9 @@ import pytest
 
 from rolltap.engine.launch import EngineProcess
 from rolltap.engine.model import default_gguf_path
-from rolltap.store import Store
 from tests.support.audit_rollouts import HOSTILE, Made, make_rollouts
 from tests.support.big_rollout import BigRollout, write_big_rollout
+from tests.support.stores import opened_store
 from tests.ui.conftest import browser_missing
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -48,12 +48,9 @@ def viewer(
     url = f"sqlite:///{tmp_path_factory.mktemp('ui-real') / 'store.sqlite'}"
 
     async def make() -> tuple[Made, BigRollout]:
-        store = await Store.connect(url)
-        try:
+        async with opened_store(url) as store:
             made = await make_rollouts(store, smollm_engine.url, smollm_engine.model)
             return made, await write_big_rollout(store)
-        finally:
-            await store.close()
 
     made, big = asyncio.run(make())
     command = [sys.executable, "-m", "rolltap.cli.main", "ui", "--db", url, "--port", "0"]

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from rolltap.store import NewRollout, RolloutStatus, Store
+from rolltap.store import NewRollout, RolloutStatus
 from tests.support.audit_rollouts import Made
 from tests.support.processes import free_port
+from tests.support.stores import opened_store
 from tests.ui.conftest import browser_missing
 
 LONG_BATCH = "swe-bench-verified-subset-of-fifty-mini-swe-agent-0a1b2c3d"
@@ -34,8 +35,7 @@ def viewer(fake_store: tuple[str, Made]) -> Iterator[tuple[str, str]]:
     url, _ = fake_store
 
     async def add() -> str:
-        store = await Store.connect(url)
-        try:
+        async with opened_store(url) as store:
             for sample in range(2):
                 made = await store.create_rollout(
                     NewRollout(
@@ -48,8 +48,6 @@ def viewer(fake_store: tuple[str, Made]) -> Iterator[tuple[str, str]]:
                 await store.update_rollout(made.id, status=RolloutStatus.BUDGET_EXCEEDED)
             # As `curl -X POST /admin/rollouts -d '{"task_id": "t1"}'` makes it: no batch.
             return (await store.create_rollout(NewRollout(task_id="t1"))).id
-        finally:
-            await store.close()
 
     by_hand = asyncio.run(add())
     port = free_port()

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient
 from rolltap.store import NewRollout, Store
 from rolltap.ui import UIContext, UISettings, make_app
 from tests.support.records import call
+from tests.support.stores import opened_store
 from tests.ui.conftest import FakeEngineTexts
 
 Client = TestClient[web.Request, web.Application]
@@ -54,18 +55,15 @@ async def viewer(
     tmp_path: Path, aiohttp_client: ClientMaker
 ) -> AsyncIterator[tuple[Client, dict[str, str]]]:
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    async with await Store.connect(url) as store:
+    async with opened_store(url) as store:
         made = {
             "hacked": await _rollout(store, "t1", ["ls", "cat /tests/test.sh", "git reflog"]),
             "clean": await _rollout(store, "t2", ["ls", "python3 -m pytest -q"]),
             "unchecked": await _rollout(store, "t3", ["git reflog"], check=False),
         }
-    store = await Store.connect(url, read_only=True)
-    try:
+    async with opened_store(url, read_only=True) as store:
         client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
         yield client, made
-    finally:
-        await store.close()
 
 
 async def _page(client: Client, path: str, status: int = 200) -> str:

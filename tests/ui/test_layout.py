@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from rolltap.store import CallStatus, Store
+from rolltap.store import CallStatus
 from rolltap.ui.layout import Span, lay_out
 from rolltap.ui.tokens import PAGE, window
 from tests.support.audit_rollouts import Made
+from tests.support.stores import opened_store
 
 
 async def test_spans_hold_exactly_each_calls_tokens(fake_store: tuple[str, Made]) -> None:
     url, made = fake_store
-    store = await Store.connect(url, read_only=True)
-    try:
+    async with opened_store(url, read_only=True) as store:
         for rollout_id in (made.chat, made.responses, made.messages):
             calls = await store.calls(rollout_id)
             built = await store.rollout_trajectories(rollout_id)
@@ -49,8 +49,6 @@ async def test_spans_hold_exactly_each_calls_tokens(fake_store: tuple[str, Made]
         first = layout.span(broken.call_ids[0])
         assert first is not None
         assert first.context_start == broken.link.position
-    finally:
-        await store.close()
 
 
 def test_windows() -> None:

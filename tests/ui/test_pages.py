@@ -35,6 +35,7 @@ from rolltap.ui.auth import COOKIE, check_binding
 from tests.support.audit_rollouts import BATCH, HOSTILE, Made, make_rollouts
 from tests.support.fake_vllm import MODEL
 from tests.support.proxy import fake_engine
+from tests.support.stores import opened_store
 from tests.support.tamper import fetch, tamper
 from tests.ui.conftest import FakeEngineTexts
 
@@ -47,12 +48,9 @@ async def viewer(
     fake_store: tuple[str, Made], aiohttp_client: ClientMaker
 ) -> AsyncIterator[tuple[Client, Store, Made]]:
     url, made = fake_store
-    store = await Store.connect(url, read_only=True)
-    try:
+    async with opened_store(url, read_only=True) as store:
         client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
         yield client, store, made
-    finally:
-        await store.close()
 
 
 async def _page(client: Client, path: str, status: int = 200) -> str:
@@ -228,8 +226,7 @@ async def test_admin_token_guards_every_page(
     fake_store: tuple[str, Made], aiohttp_client: ClientMaker
 ) -> None:
     url, made = fake_store
-    store = await Store.connect(url, read_only=True)
-    try:
+    async with opened_store(url, read_only=True) as store:
         settings = UISettings(admin_token="s3cret")
         client = await aiohttp_client(make_app(UIContext(store, settings, FakeEngineTexts())))
         for path in ("/", f"/rollouts/{made.chat}", "/static/ui.css", "/nowhere"):
@@ -252,8 +249,6 @@ async def test_admin_token_guards_every_page(
         client.session.cookie_jar.clear()
         forged: dict[str, Any] = {COOKIE: "s3cret"}
         assert (await client.get("/", cookies=forged)).status == 401
-    finally:
-        await store.close()
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
@@ -291,25 +286,19 @@ async def test_a_tampered_record_is_named(
     and names the call, in the integrity section and on the timeline. Ids that no longer match
     their logprobs cannot be assembled at all: the page still opens and says so."""
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    writer = await Store.connect(url)
-    try:
+    async with opened_store(url) as writer:
         async with fake_engine() as engine:
             made = await make_rollouts(writer, engine.url, MODEL)
         second = (await writer.calls(made.chat))[1]
-    finally:
-        await writer.close()
     query = "SELECT token_ids FROM choice WHERE call_id = :call"
     ids = np.frombuffer(await fetch(url, query, call=second.id), dtype="<i4").copy()
     ids = ids[:3] if edit == "token count" else np.where(np.arange(len(ids)) == 2, 70, ids)
     update = "UPDATE choice SET token_ids = :ids WHERE call_id = :call"
     assert await tamper(url, update, ids=ids.astype("<i4").tobytes(), call=second.id) == 1
 
-    store = await Store.connect(url, read_only=True)
-    try:
+    async with opened_store(url, read_only=True) as store:
         client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
         page = await _page(client, f"/rollouts/{made.chat}")
-    finally:
-        await store.close()
     text = _text(page)
     assert "NOT INTACT" in text
     named = '<span class="badge drift">altered</span></td><td><a href="#call-2">2</a>'
@@ -323,7 +312,7 @@ async def test_a_replay_report_is_on_both_rollout_pages(
     tmp_path: Any, aiohttp_client: ClientMaker
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    async with await Store.connect(url) as store:
+    async with opened_store(url) as store:
         original = (await store.create_rollout(NewRollout(batch_id="b", task_id="roll"))).id
         replay = (await store.create_rollout(NewRollout(batch_id="replay-b", task_id="roll"))).id
         diff = ["@@ -3,3 +3,3 @@", "   output:", "-  1784627348", "+  2692432919"]
@@ -345,7 +334,7 @@ async def test_a_replay_report_is_on_both_rollout_pages(
         )
         await store.update_rollout(replay, meta={REPLAY_OF: original, REPORT_KEY: report.to_json()})
         await store.update_rollout(original, meta={REPLAYS: [replay]})
-    async with await Store.connect(url, read_only=True) as store:
+    async with opened_store(url, read_only=True) as store:
         client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
         replay_page = await _page(client, f"/rollouts/{replay}")
         original_page = _text(await _page(client, f"/rollouts/{original}"))
@@ -366,7 +355,7 @@ async def test_the_rollout_page_lists_its_egress_requests(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     now = datetime.now(UTC)
-    async with await Store.connect(url) as store:
+    async with opened_store(url) as store:
         quiet = (await store.create_rollout(NewRollout(task_id="offline"))).id
         rollout = (await store.create_rollout(NewRollout(task_id="online"))).id
         await store.record_egress(
@@ -381,7 +370,7 @@ async def test_the_rollout_page_lists_its_egress_requests(
                 ),
             ]
         )  # fmt: skip
-    async with await Store.connect(url, read_only=True) as store:
+    async with opened_store(url, read_only=True) as store:
         client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
         page = await _page(client, f"/rollouts/{rollout}")
         without = await _page(client, f"/rollouts/{quiet}")

@@ -18,12 +18,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from rolltap.store import NewRollout, RolloutStatus, Store
+from rolltap.store import NewRollout, RolloutStatus
 from rolltap.store.ids import new_id
 from rolltap.store.models import MetricsSource
 from rolltap.store.training import PostedMetrics
 from rolltap.ui import UIContext, UISettings, make_app
 from rolltap.ui.training import RunSelection, read_run
+from tests.support.stores import opened_store
 from tests.support.training_run import make_training_run, posted_metrics
 from tests.support.training_view import (
     browser_errors,
@@ -51,11 +52,8 @@ def training_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[st
     url = f"sqlite:///{folder / 'store.sqlite'}"
 
     async def make() -> dict[str, Any]:
-        store = await Store.connect(url)
-        try:
+        async with opened_store(url) as store:
             return await make_training_run(store, folder / "logs")
-        finally:
-            await store.close()
 
     return url, asyncio.run(make())
 
@@ -65,11 +63,8 @@ async def viewer(
     training_run: tuple[str, dict[str, Any]], aiohttp_client: ClientMaker
 ) -> AsyncIterator[Client]:
     url, _ = training_run
-    store = await Store.connect(url, read_only=True)
-    try:
+    async with opened_store(url, read_only=True) as store:
         yield await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
-    finally:
-        await store.close()
 
 
 def _expected(it: dict[str, Any], step: int) -> dict[str, Any]:
@@ -188,8 +183,7 @@ async def test_without_posted_seconds_a_version_shows_the_services_sampling_time
 ) -> None:
     """A batch its trainer posted nothing about, and one `rolltap run` made (no service record,
     no policy version): the first shows the service's sampling time, the second its reward."""
-    store = await Store.connect(f"sqlite:///{tmp_path / 'store.sqlite'}")
-    try:
+    async with opened_store(f"sqlite:///{tmp_path / 'store.sqlite'}") as store:
         for batch_id, meta, reward in [("served", {"policy_version": "5"}, 1.0), ("ran", {}, 0.0)]:
             made = await store.create_rollout(
                 NewRollout(batch_id=batch_id, task_id="t", sample_index=0, meta=meta)
@@ -213,8 +207,6 @@ async def test_without_posted_seconds_a_version_shows_the_services_sampling_time
             )
         )
         run = await read_run(store, RunSelection(batches=("served", "ran")), 1.0)
-    finally:
-        await store.close()
     served, ran = run.rows
     assert (served.version, served.seconds, served.seconds_source) == (
         "5",
@@ -230,11 +222,9 @@ async def test_a_store_without_service_batches_says_how_to_make_one(
     tmp_path: Path, aiohttp_client: ClientMaker
 ) -> None:
     url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
-    await (await Store.connect(url)).close()
-    store = await Store.connect(url, read_only=True)
-    try:
+    async with opened_store(url):  # a new, empty store
+        pass
+    async with opened_store(url, read_only=True) as store:
         client = await aiohttp_client(make_app(UIContext(store, UISettings(), FakeEngineTexts())))
         page = await (await client.get("/training")).text()
-    finally:
-        await store.close()
     assert "No batch in this store was run by the rollout service yet" in page

@@ -1,1 +1,1 @@
-"""Control of the engines behind the proxy: weight updates, pause gates, replicas, admin, expiry."""
+"""Control of the engines behind the proxy: weight updates (the hold), replicas, admin, expiry."""

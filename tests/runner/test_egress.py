@@ -38,6 +38,7 @@ from tests.support.egress import (
 from tests.support.fake_harness import ShellHarness, cleanup, shell_installation
 from tests.support.proxy import fake_engine
 from tests.support.sandboxes import fake_proxy, plain_task, provider_of, spec_for
+from tests.support.stores import opened_store
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
@@ -94,9 +95,8 @@ class Rig:
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     require_gate()
     pki = make_pki(tmp_path / "pki", (ALLOWED_HOST, DENIED_HOST))
-    store = await Store.connect(f"sqlite:///{tmp_path / 'store.sqlite'}")
-    rollout = await store.create_rollout(NewRollout(task_id="egress"))
-    try:
+    async with opened_store(f"sqlite:///{tmp_path / 'store.sqlite'}") as store:
+        rollout = await store.create_rollout(NewRollout(task_id="egress"))
         async with https_upstream(pki) as (port, upstream), fake_proxy() as (sock, _):
             target = f"127.0.0.1:{port}"
             settings = EgressSettings(
@@ -109,8 +109,6 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
                 settings, directory=sock.parent, proxy_socket=sock, store=store
             ) as gate:
                 yield Rig(store, gate, port, upstream, rollout.id, rollout.key, sock)
-    finally:
-        await store.close()
 
 
 async def _run_client(box: Sandbox, rig: Rig) -> dict[str, object]:

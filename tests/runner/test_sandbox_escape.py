@@ -24,9 +24,9 @@ import pytest_asyncio
 
 from rolltap.runner.host import proxy_host
 from rolltap.runner.sandboxes.base import Mount, Sandbox
-from rolltap.store import Store
 from tests.support.proxy import fake_engine
 from tests.support.sandboxes import ISOLATED_KINDS, open_provider, plain_task, searchable, spec_for
+from tests.support.stores import opened_store
 
 HOST_DIR_INSIDE = "/mnt/host-data"
 ROOT = "0"
@@ -49,22 +49,21 @@ async def attacked(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     host_dir.chmod(0o755)  # readable by anyone, as a harness install is
     (host_dir / "data").write_text("host data\n")
     store_file = tmp_path / "store.sqlite"
-    store = await Store.connect(f"sqlite:///{store_file}")
-    try:
-        async with fake_engine() as engine, proxy_host(store, backends=[engine.url]) as host:
-            spec = spec_for(
-                plain_task(),
-                proxy_socket=host.socket,
-                mounts=(Mount(host_dir, HOST_DIR_INSIDE),),
-            )
-            box = await provider.create(spec)
-            try:
-                yield Attacked(box, host_dir, store_file, Path(f"{store_file}.secret"))
-            finally:
-                await box.close()
-    finally:
-        await provider.close()
-        await store.close()
+    async with opened_store(f"sqlite:///{store_file}") as store:
+        try:
+            async with fake_engine() as engine, proxy_host(store, backends=[engine.url]) as host:
+                spec = spec_for(
+                    plain_task(),
+                    proxy_socket=host.socket,
+                    mounts=(Mount(host_dir, HOST_DIR_INSIDE),),
+                )
+                box = await provider.create(spec)
+                try:
+                    yield Attacked(box, host_dir, store_file, Path(f"{store_file}.secret"))
+                finally:
+                    await box.close()
+        finally:
+            await provider.close()
 
 
 async def test_no_capability_is_left(attacked: Attacked) -> None:

@@ -1,6 +1,6 @@
 """Runs batches of tasks with unmodified harnesses in sandboxes and stores verified rewards."""
 
-from .batch import BatchResult, run_batch
+from .batch import BatchResult, RunOptions, run_batch, run_spec
 from .rollout import BatchProgress, RolloutResult
 from .summary import BatchSummary, TaskSummary
 
@@ -9,6 +9,8 @@ __all__ = [
     "BatchResult",
     "BatchSummary",
     "RolloutResult",
+    "RunOptions",
     "TaskSummary",
     "run_batch",
+    "run_spec",
 ]

@@ -1,7 +1,14 @@
-"""Run a batch: tasks x samples with one harness in one sandbox kind, through the proxy.
+"""Run a batch from this process: `rolltap run`, `rolltap run --ray` and `run_batch`.
 
     result = await rolltap.runner.run_batch("examples/tasks", harness="mini-swe-agent",
                                             sandbox="bwrap", samples=4, concurrency=8)
+
+A batch is the rollout service's `BatchSpec` (runner/service/spec.py, what `POST /v1/batches`
+takes) and the `RunOptions` of this process (its proxy, store, harness install). `run_spec`
+starts the proxy (or reaches a running one), plans the batch in the store and runs its rollouts
+through the service's executor seam (runner/service/executor.py): in this process's sandboxes,
+or on a Ray cluster (runner/cluster/service.py). `run_batch` is `run_spec` with keyword
+arguments, for scripts and tests.
 
 Rerunning the same batch (same name, or the same tasks, harness, model and sandbox) resumes
 it: finished rollouts are kept, unfinished ones get a new attempt; a rerun with other settings
@@ -14,10 +21,9 @@ import asyncio
 import contextlib
 import hashlib
 import re
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +34,8 @@ from ..proxy.replay import Cassette
 from ..proxy.tokenin.options import TokenInOptions
 from ..store import RolloutStatus, Store
 from ..store.lifecycle import OPEN
-from ..store.url import DatabaseURL
-from .egress import BadEgressSetting, EgressGate, EgressSettings, egress_gate
+from ..store.url import DatabaseURL, resolve_url
+from .egress import BadEgressSetting, EgressMode, EgressSettings
 from .harnesses import (
     Harness,
     Installation,
@@ -40,13 +46,14 @@ from .harnesses import (
     installation,
 )
 from .harnesses.base import BuiltIn
-from .harnesses.images import build_context, host_ca_bundle
-from .host import ProxyHost, proxy_host, token_in_meta
+from .harnesses.oracle import NAME as ORACLE
+from .host import proxy_host, served_model, token_in_meta
 from .plan import Budget, plan
-from .provenance import harness_metadata, task_hash
-from .rollout import BatchProgress, BuildsHarnessImages, Pools, RolloutResult, Shared, run_rollout
+from .provenance import task_hash
+from .rollout import BatchProgress, Pools, RolloutResult
 from .sandboxes.base import SandboxProvider
-from .sandboxes.kinds import make_provider
+from .service.executor import LocalHost, local_executors
+from .service.spec import BatchSpec, Budgets, PoolSizes
 from .settings import BatchSettings
 from .summary import BatchSummary, current_attempts, summarize
 from .tasks import Task, load_tasks
@@ -60,6 +67,35 @@ class BatchResult:
     summary: BatchSummary
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What a batch run from this process needs beyond its spec (`rolltap run`'s other flags)."""
+
+    db: str | DatabaseURL | None = None
+    backends: tuple[str, ...] = ()
+    """Inference backends ([KIND=]URL); none: the built-in engine."""
+    model: str | None = None
+    """The served model name; None: what the backend serves."""
+    proxy_socket: Path | None = None
+    """A running proxy's unix socket (same store) instead of starting one."""
+    engine_model: str | None = None
+    engine_args: tuple[str, ...] = ()
+    max_tokens_cap: int | None = None
+    sandbox_image: str | None = None
+    harness_from: str = "auto"
+    """auto, host (the `rolltap harness install` prefix) or image (harness_images/NAME)."""
+    egress: EgressSettings | None = None
+    """The run's egress config; the spec's `egress` mode must match it."""
+    token_in: TokenInOptions | None = None
+    prune_git_history: bool = True
+    detectors: tuple[str | Detector, ...] = ()
+    """Reward-hack detectors by name or dotted path, or detectors, added to the defaults."""
+    logs_root: Path | None = None
+    """Where the rollouts' logs go; None: the user data dir's runs/BATCH."""
+    ray: str | None = None
+    """A Ray cluster's address ("auto": this machine's) to run the rollouts on; None: here."""
+
+
 def default_batch_id(
     tasks: str | Path, harness: str, model: str, sandbox: str, samples: int
 ) -> str:
@@ -67,6 +103,13 @@ def default_batch_id(
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(tasks)).stem)[:40] or "tasks"
     source = f"{Path(str(tasks)).resolve()}|{harness}|{model}|{sandbox}|{samples}"
     return f"{stem}-{harness}-{hashlib.sha256(source.encode()).hexdigest()[:8]}"
+
+
+def tasks_of(tasks: str | Path | Sequence[Task]) -> tuple[tuple[Task, ...], str]:
+    """The tasks to run and their source: the path they were read from, or their ids."""
+    if isinstance(tasks, str | Path):
+        return tuple(load_tasks(Path(tasks))), str(tasks)
+    return tuple(tasks), ",".join(t.id for t in tasks)
 
 
 async def run_batch(
@@ -105,7 +148,8 @@ async def run_batch(
     detectors: Sequence[str | Detector] | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> BatchResult:
-    """Run (or resume) a batch and return its results and summary.
+    """Run (or resume) a batch here and return its results and summary: `run_spec` with its
+    spec and options as keyword arguments, and a harness or sandbox provider of your own.
 
     `meta` goes into each new rollout's meta; `replay` answers the batch's calls from a
     recorded rollout (runner/replay.py); `egress`: HTTP(S) out of the sandboxes through the
@@ -114,14 +158,80 @@ async def run_batch(
     `prune_git_history=False` keeps each task's git history beyond its base commit (runner/
     guard.py); `detectors`: the reward-hack detectors by name or dotted path (analysis/hacks.py),
     or detectors themselves, added to the defaults (`load_detectors`)."""
-    loaded = list(tasks) if not isinstance(tasks, str | Path) else load_tasks(Path(tasks))
-    checkers = _detectors(detectors)
-    if not loaded:
+    loaded, source = tasks_of(tasks)
+    spec = BatchSpec(
+        tasks=loaded,
+        tasks_source=source,
+        harness=harness if isinstance(harness, str) else harness.name,
+        sandbox=sandbox if isinstance(sandbox, str) else sandbox.kind,
+        samples_per_task=samples,
+        budgets=Budgets(max_calls, max_tokens, timeout, max_steps),
+        concurrency=concurrency,
+        pools=PoolSizes(
+            init_concurrency or concurrency, concurrency, eval_concurrency or concurrency
+        ),
+        retries=retries,
+        egress=EgressMode.NONE if egress is None else egress.mode,
+        id=batch,
+    )
+    options = RunOptions(
+        db=db,
+        backends=tuple(backends),
+        model=model,
+        proxy_socket=proxy_socket,
+        engine_model=engine_model,
+        engine_args=tuple(engine_args),
+        max_tokens_cap=max_tokens_cap,
+        sandbox_image=sandbox_image,
+        harness_from=harness_from,
+        egress=egress,
+        token_in=token_in,
+        prune_git_history=prune_git_history,
+        detectors=tuple(detectors or ()),
+        logs_root=logs_root,
+    )
+    return await run_spec(
+        spec,
+        options,
+        harness=None if isinstance(harness, str) else harness,
+        sandbox=None if isinstance(sandbox, str) else sandbox,
+        installed=installed,
+        store=store,
+        meta=meta,
+        replay=replay,
+        progress=progress,
+        say=say,
+    )
+
+
+async def run_spec(
+    spec: BatchSpec,
+    options: RunOptions,
+    *,
+    harness: Harness | None = None,
+    sandbox: SandboxProvider | None = None,
+    installed: Installation | None = None,
+    store: Store | None = None,
+    meta: Mapping[str, Any] | None = None,
+    replay: Cassette | None = None,
+    progress: BatchProgress | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> BatchResult:
+    """Run (or resume) the batch `spec` asks for, here or on the Ray cluster `options.ray`.
+
+    `harness`, `sandbox`, `installed`, `store`: objects of the caller's own, instead of the
+    ones `spec` and `options` name; `meta` goes into each new rollout's meta; `replay` answers
+    the batch's calls from a recorded rollout (runner/replay.py)."""
+    progress = progress or BatchProgress()
+    if options.ray is not None:
+        return await _on_ray(spec, options, meta, progress, say)
+    checkers = _detectors(options.detectors)
+    if not spec.tasks:
         raise ValueError("no tasks to run")
-    adapter_ = adapter(harness) if isinstance(harness, str) else harness
+    adapter_ = harness or adapter(spec.harness)
+    harness_from, kind, egress = options.harness_from, spec.sandbox, _egress(spec, options)
     if harness_from not in ("auto", "host", "image"):
         raise ValueError(f"harness_from={harness_from!r}: use auto, host or image")
-    kind = sandbox if isinstance(sandbox, str) else sandbox.kind
     if egress is not None and egress.enabled and kind == "local":
         raise BadEgressSetting("--egress needs an isolated sandbox (bwrap, docker, apptainer)")
     builtin = isinstance(adapter_.packages, BuiltIn)
@@ -138,121 +248,73 @@ async def run_batch(
             say(f"installing {adapter_.name} (once)...")
             await asyncio.to_thread(install, adapter_, say=say)
             installed = installation(adapter_)
-    progress = progress or BatchProgress()
     async with contextlib.AsyncExitStack() as stack:
         if store is None:
-            store = await Store.connect(db)
+            store = await Store.connect(options.db)
             stack.push_async_callback(store.close)
-        host: ProxyHost = await stack.enter_async_context(
+        host = await stack.enter_async_context(
             proxy_host(
                 store,
-                backends=backends,
-                model=model,
-                socket=proxy_socket,
-                engine_model=engine_model,
-                engine_args=engine_args,
-                max_tokens_cap=max_tokens_cap,
+                backends=options.backends,
+                model=options.model,
+                socket=options.proxy_socket,
+                engine_model=options.engine_model,
+                engine_args=options.engine_args,
+                max_tokens_cap=options.max_tokens_cap,
                 needs_model=not builtin and (replay is None or replay.goes_live),
                 replay=replay,
-                token_in=token_in,
+                token_in=options.token_in,
                 say=say,
             )
         )
-        gate: EgressGate | None = None
-        if egress is not None and egress.enabled:
-            gate = await stack.enter_async_context(
-                egress_gate(
-                    egress, directory=host.socket.parent, proxy_socket=host.socket, store=store
-                )
-            )
-            say(f"egress: {egress.mode.value}, allow-list {', '.join(egress.allow) or '(empty)'}")
-        source = tasks if isinstance(tasks, str | Path) else ",".join(t.id for t in loaded)
-        batch_id = batch or default_batch_id(source, adapter_.name, host.model, kind, samples)
-        outcome = BatchSettings.of(
-            harness=adapter_.name,
-            model=host.model,
-            backends=backends,
-            engine_model=engine_model,
-            engine_args=engine_args,
-            sandbox=kind,
-            sandbox_image=sandbox_image,
-            max_calls=max_calls,
-            max_tokens=max_tokens,
-            max_tokens_cap=max_tokens_cap,
-            max_steps=max_steps,
-            timeout=timeout,
-            keep_git_history=None if prune_git_history else True,
-            egress=None
-            if egress is None or not egress.enabled
-            else f"{egress.mode.value} {' '.join(sorted(egress.allow))}".strip(),
+        batch_id = spec.id or default_batch_id(
+            spec.tasks_source, adapter_.name, host.model, kind, spec.samples_per_task
         )
+        sizes = spec.pools or PoolSizes(*(spec.concurrency,) * 3)
+        here = LocalHost(
+            store=store,
+            proxy_socket=host.socket,
+            model=lambda: host.model,
+            logs_root=options.logs_root or platformdirs.user_data_path("rolltap") / "runs",
+            logs_per_batch=options.logs_root is None,
+            pools=Pools.sized(sizes.init, sizes.run, sizes.eval),
+            harnesses={adapter_.name: adapter_},
+            installations={} if images else {adapter_.name: installed},
+            sandbox_image=options.sandbox_image,
+            providers={} if sandbox is None else {kind: lambda: contextlib.nullcontext(sandbox)},
+            revoke_key=host.revoke,
+            egress=options.egress or EgressSettings(),
+            harness_from=harness_from,
+            prune_git=options.prune_git_history,
+            detectors=checkers,
+            progress=progress,
+            task_hashes=await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in spec.tasks}),
+        )
+        executor = await stack.enter_async_context(local_executors(here)(spec, batch_id))
+        if egress is not None and egress.enabled:
+            say(f"egress: {egress.mode.value}, allow-list {', '.join(egress.allow) or '(empty)'}")
         todo, kept = await plan(
             store,
             batch_id,
-            loaded,
-            samples,
+            list(spec.tasks),
+            spec.samples_per_task,
             harness=adapter_.name,
             model=host.model,
-            budget=Budget(max_calls, max_tokens),
-            meta={**(meta or {}), "sandbox": kind, **token_in_meta(token_in)},
-            settings=outcome,
+            budget=Budget(spec.budgets.max_calls, spec.budgets.max_tokens),
+            meta=_rollout_meta(spec, meta, options.token_in),
+            settings=_outcome(spec, options, egress, adapter_.name, host.model),
         )
         if kept or any(p.attempt > 0 for p in todo):
             say(
                 f"resuming batch {batch_id}: {len(kept)} of {len(kept) + len(todo)} rollouts "
                 f"already finished, {len(todo)} to run"
             )
-        if isinstance(sandbox, str):
-            provider = await make_provider(sandbox, image=sandbox_image)
-            stack.push_async_callback(provider.close)
-        else:
-            provider = sandbox
-        image_context = None
-        if images:
-            if not isinstance(provider, BuildsHarnessImages):
-                raise ValueError(f"the {kind} sandbox cannot build harness images; use host")
-            context = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rolltap-img-")))
-            image_context = build_context(adapter_, context, host_ca_bundle())
-        # A crashed earlier run of this batch may have left sandboxes behind.
-        await provider.sweep(batch_id)
-        task_hashes = await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in loaded})
-        installed_from = "builtin" if builtin else "image" if images else "host"
-        settings: dict[str, Any] = {"model": host.model, "max_steps": max_steps, "timeout": timeout}
-        if gate is not None:
-            allowed = list(gate.settings.allow)
-            settings["egress"] = {"mode": gate.settings.mode.value, "allow": allowed}
         progress.total = len(todo)
         progress.token_count = host.tokens_recorded
         progress.call_count = host.calls_recorded
-        shared = Shared(
-            store=store,
-            provider=provider,
-            harness=adapter_,
-            installation=installed,
-            pools=Pools.sized(
-                init_concurrency or concurrency, concurrency, eval_concurrency or concurrency
-            ),
-            run_id=batch_id,
-            proxy_socket=host.socket,
-            model=host.model,
-            logs_root=logs_root or platformdirs.user_data_path("rolltap") / "runs" / batch_id,
-            timeout=timeout,
-            max_steps=max_steps,
-            retries=retries,
-            progress=progress,
-            sandbox_kind=kind,
-            image=sandbox_image,
-            image_context=image_context,
-            run_meta=harness_metadata(adapter_, installed_from, settings),
-            task_hashes=task_hashes,
-            revoke_key=host.revoke,
-            egress=gate,
-            prune_git=prune_git_history,
-            detectors=checkers,
-        )
         started = time.monotonic()
         try:
-            results = await asyncio.gather(*(run_rollout(shared, p) for p in todo))
+            results = await asyncio.gather(*(executor.run(p) for p in todo))
         except asyncio.CancelledError:
             await _interrupted(store, batch_id)
             raise
@@ -261,10 +323,140 @@ async def run_batch(
         return BatchResult(batch_id, list(results), summary)
 
 
+async def _on_ray(
+    spec: BatchSpec,
+    options: RunOptions,
+    meta: Mapping[str, Any] | None,
+    progress: BatchProgress,
+    say: Callable[[str], None],
+) -> BatchResult:
+    """The batch's rollouts on the Ray cluster `options.ray`, planned here in the shared
+    PostgreSQL store exactly as a local run plans them (reruns resume)."""
+    from .cluster.dispatch import RayDispatch  # the optional rolltap[ray]
+    from .cluster.service import RayHost, cluster_executors
+
+    if not spec.tasks:
+        raise ValueError("no tasks to run")
+    url = options.db if isinstance(options.db, DatabaseURL) else resolve_url(options.db)
+    if url.is_sqlite:
+        raise ValueError(
+            "a Ray batch's nodes share its store: give a PostgreSQL database "
+            "(--db postgresql+asyncpg://USER@HOST/DB)"
+        )
+    harness, backends = adapter(spec.harness), options.backends
+    if harness.name != ORACLE and not backends:
+        raise ValueError("a Ray batch needs --backend: the engines every node's proxy reaches")
+    model = options.model
+    if model is None:
+        model = await served_model(backends[0]) if backends else "none"
+    store = await Store.connect(url.url.render_as_string(hide_password=False))
+    try:
+        batch_id = spec.id or default_batch_id(
+            spec.tasks_source, harness.name, model, spec.sandbox, spec.samples_per_task
+        )
+        todo, kept = await plan(
+            store,
+            batch_id,
+            list(spec.tasks),
+            spec.samples_per_task,
+            harness=harness.name,
+            model=model,
+            budget=Budget(spec.budgets.max_calls, spec.budgets.max_tokens),
+            meta=_rollout_meta(spec, meta, options.token_in),
+        )
+        if kept:
+            say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")
+        cluster = RayHost(
+            store,
+            options.ray or "auto",
+            backends,
+            lambda: model,
+            sandbox_image=options.sandbox_image,
+            logs_root=options.logs_root,
+            token_in=options.token_in,
+            task_hashes=await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in spec.tasks}),
+            prebuild=tuple({p.task.id: p.task for p in todo}.values()),
+        )
+        started = time.monotonic()
+        async with cluster_executors(cluster)(spec, batch_id) as executor:
+            assert isinstance(executor, RayDispatch)
+            caps = ", ".join(str(cap) for cap in executor.nodes.values())
+            say(f"Ray: {len(executor.nodes)} sandbox nodes (caps {caps}); {len(todo)} rollouts")
+            progress.total = len(todo)
+            results = [
+                _counted(progress, await done)
+                for done in asyncio.as_completed([executor.run(p) for p in todo])
+            ]
+        views = current_attempts(await store.rollouts(batch=batch_id))
+        summary = summarize(batch_id, views, time.monotonic() - started)
+        return BatchResult(batch_id, results, summary)
+    finally:
+        await store.close()
+
+
+def _rollout_meta(
+    spec: BatchSpec, meta: Mapping[str, Any] | None, token_in: TokenInOptions | None
+) -> dict[str, Any]:
+    """Each new rollout's meta: the caller's, what the spec asks the proxy to impose, the
+    sandbox kind and token-in."""
+    imposed: dict[str, Any] = {}
+    if spec.sampling:
+        imposed["sampling"] = dict(spec.sampling)
+    if spec.capture_routed_experts:
+        imposed["routed_experts"] = True
+    return {**(meta or {}), **imposed, "sandbox": spec.sandbox, **token_in_meta(token_in)}
+
+
+def _egress(spec: BatchSpec, options: RunOptions) -> EgressSettings | None:
+    """The run's egress config in the mode the spec asks for, its hosts added; None: no egress
+    (the executor derives the same for its gate)."""
+    if spec.egress is EgressMode.NONE:
+        return None
+    config = options.egress or EgressSettings()
+    return replace(config, mode=spec.egress, allow=(*config.allow, *spec.egress_allow))
+
+
+def _outcome(
+    spec: BatchSpec,
+    options: RunOptions,
+    egress: EgressSettings | None,
+    harness: str,
+    model: str,
+) -> BatchSettings:
+    """The settings that change a batch's outcome: a rerun must repeat them to resume it."""
+    return BatchSettings.of(
+        harness=harness,
+        model=model,
+        backends=options.backends,
+        engine_model=options.engine_model,
+        engine_args=options.engine_args,
+        sandbox=spec.sandbox,
+        sandbox_image=options.sandbox_image,
+        max_calls=spec.budgets.max_calls,
+        max_tokens=spec.budgets.max_tokens,
+        max_tokens_cap=options.max_tokens_cap,
+        max_steps=spec.budgets.max_steps,
+        timeout=spec.budgets.timeout,
+        keep_git_history=None if options.prune_git_history else True,
+        egress=None
+        if egress is None or not egress.enabled
+        else f"{egress.mode.value} {' '.join(sorted(egress.allow))}".strip(),
+    )
+
+
 def _detectors(given: Sequence[str | Detector] | None) -> list[Detector]:
     """The defaults plus the named ones (DetectorError, before anything runs, for a bad name)."""
     names = [d for d in given or () if isinstance(d, str)]
     return [*load_detectors(names), *(d for d in given or () if not isinstance(d, str))]
+
+
+def _counted(progress: BatchProgress, result: RolloutResult) -> RolloutResult:
+    progress.done += 1
+    if result.status is not RolloutStatus.SUCCEEDED:
+        progress.failed += 1
+    if result.reward is not None:
+        progress.rewards.append(result.reward)
+    return result
 
 
 async def _interrupted(store: Store, batch_id: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,12 @@ from rich.console import Console
 
 from ..proxy.tokenin.options import TokenInOptions
 from ..runner import BatchProgress, BatchResult, BatchSummary, run_batch
+from ..runner.batch import RunOptions, run_spec, tasks_of
 from ..runner.harnesses import adapters, builtins
 from ..runner.harnesses.oracle import NAME as ORACLE
 from ..runner.harnesses.oracle import failed_oracle
 from ..runner.sandboxes.kinds import KINDS
+from ..runner.service.spec import BatchSpec, Budgets, PoolSizes
 from ..runner.tasks import Task, load_tasks
 from .console import console_for_output
 from .options import (
@@ -212,15 +215,12 @@ def run(
         raise click.ClickException(str(e)) from e
 
     sampling = _sampling(sampling_pairs)
-    meta: dict[str, Any] | None = {"sampling": sampling} if sampling else None
-
     egress_settings = load_settings(egress, allow_hosts, egress_config)
     backends = tuple(checked_backends(backends))
     if capture_routed_experts:
         # Each rollout asks for them: this run's proxy, one behind --proxy-socket, or a Ray
         # node's. Without a backend (nor a proxy's socket) the built-in engine serves.
         refuse_routed_experts(list(backends), builtin=not backends and proxy_socket is None)
-        meta = {**(meta or {}), "routed_experts": True}
     if proxy_socket is not None and model is None:
         raise click.ClickException("--proxy-socket needs --model: the model name that proxy serves")
     if proxy_socket is not None and token_in != TokenInOptions(enabled=token_in.enabled):
@@ -231,69 +231,51 @@ def run(
     selected: Path | list[Task] = tasks
     if task_ids:
         selected = _select(tasks, task_ids)
-    console = console_for_output()
-    progress = BatchProgress()
     if ray_address is not None:
         _refuse_on_ray(click.get_current_context())
-        result = _on_ray(
-            console,
-            progress,
-            ray_address,
-            selected,
-            harness=harness,
-            sandbox=sandbox,
-            samples=samples,
-            backends=backends,
-            model=model,
-            batch=batch,
-            timeout=timeout,
-            db=db_url,
-            max_calls=max_calls or None,
-            max_tokens=max_tokens or None,
-            max_steps=max_steps,
-            retries=retries,
-            sandbox_image=sandbox_image,
-            token_in=token_in,
-            meta=meta,
-        )
-        report(console, result, db_url)
-        if harness == ORACLE:
-            _oracle_verdict(console, result.summary)
-        return
-    result = with_progress(
-        console,
-        progress,
-        lambda say: run_batch(
-            selected,
-            harness=harness,
-            sandbox=sandbox,
-            samples=samples,
-            concurrency=concurrency,
-            eval_concurrency=eval_concurrency,
-            backends=backends,
-            model=model,
-            batch=batch,
-            timeout=timeout,
-            db=db_url,
-            max_calls=max_calls or None,
-            max_tokens=max_tokens or None,
-            max_steps=max_steps,
-            retries=retries,
-            proxy_socket=proxy_socket,
-            engine_model=engine_model,
-            engine_args=engine_args,
-            max_tokens_cap=max_tokens_cap,
-            sandbox_image=sandbox_image,
-            harness_from=harness_from,
-            egress=egress_settings,
-            token_in=token_in,
-            prune_git_history=not keep_git_history,
-            detectors=list(detectors),
-            meta=meta,
-            progress=progress,
-            say=say,
-        ),
+    options = RunOptions(
+        db=db_url,
+        backends=backends,
+        model=model,
+        proxy_socket=proxy_socket,
+        engine_model=engine_model,
+        engine_args=engine_args,
+        max_tokens_cap=max_tokens_cap,
+        sandbox_image=sandbox_image,
+        harness_from=harness_from,
+        egress=egress_settings,
+        token_in=token_in,
+        prune_git_history=not keep_git_history,
+        detectors=detectors,
+        ray=ray_address,
     )
+
+    async def start(say: Callable[[str], None]) -> BatchResult:
+        # The flags as the rollout service's batch spec (what POST /v1/batches takes).
+        loaded, source = tasks_of(selected)
+        spec = BatchSpec(
+            tasks=loaded,
+            tasks_source=source,
+            harness=harness,
+            sandbox=sandbox,
+            samples_per_task=samples,
+            budgets=Budgets(max_calls or None, max_tokens or None, timeout, max_steps),
+            sampling=sampling,
+            concurrency=concurrency,
+            pools=PoolSizes(concurrency, concurrency, eval_concurrency or concurrency),
+            retries=retries,
+            egress=egress_settings.mode,
+            capture_routed_experts=capture_routed_experts,
+            id=batch,
+        )
+        return await run_spec(spec, options, progress=progress, say=say)
+
+    console = console_for_output()
+    progress = BatchProgress()
+    if ray_address is None:
+        result = with_progress(console, progress, start)
+    else:
+        result = _on_ray(console, progress, start)
     report(console, result, db_url)
     if harness == ORACLE:
         _oracle_verdict(console, result.summary)
@@ -333,23 +315,14 @@ def _refuse_on_ray(ctx: click.Context) -> None:
 def _on_ray(
     console: Console,
     progress: BatchProgress,
-    address: str,
-    tasks: Path | list[Task],
-    **options: Any,
+    start: Callable[[Callable[[str], None]], Coroutine[Any, Any, BatchResult]],
 ) -> BatchResult:
     try:
-        from ..runner.cluster.batch import run_batch_on_ray
         from ..runner.cluster.dispatch import NoSandboxNodes
     except ImportError:
         raise click.ClickException("--ray needs Ray: pip install 'rolltap[ray]'") from None
     try:
-        return with_progress(
-            console,
-            progress,
-            lambda say: run_batch_on_ray(
-                tasks, address=address, progress=progress, say=say, **options
-            ),
-        )
+        return with_progress(console, progress, start)
     except (ValueError, NoSandboxNodes, ConnectionError) as e:
         raise click.ClickException(str(e)) from None
 

@@ -5,6 +5,6 @@ needs a `sandbox` resource, the shared store on PostgreSQL.
 |---|---|
 | `node.py` | `NodeAgent`: a node's store, proxy, sandbox provider and rollouts |
 | `dispatch.py` | `RayDispatch`: rollouts placed by the `sandbox` resource; lost nodes retried |
-| `batch.py` | `run_batch_on_ray`, behind `rolltap run --ray` |
-| `service.py` | `ray_executors`: the rollout service's batches on the cluster |
+| `service.py` | `cluster_executors`: a batch on the cluster (`rolltap run --ray`, the service) |
+| `batch.py` | `run_batch_on_ray`: `run_batch` on the cluster, for scripts and tests |
 """

@@ -23,11 +23,13 @@ import platformdirs
 
 from ...proxy.tokenin.options import TokenInOptions
 from ...store import Store
-from ..harnesses import NotInstalled, adapter, install, installation
+from ..harnesses import adapter
 from ..host import proxy_host
 from ..plan import Planned
-from ..rollout import BatchProgress, Pools, RolloutResult, Shared, run_rollout
+from ..rollout import Pools, RolloutResult
 from ..sandboxes.kinds import make_provider
+from ..service.executor import LocalHost, RolloutExecutor, local_executors
+from ..service.spec import BatchSpec
 from ..tasks import Task
 from .prebuild import prebuild
 
@@ -43,19 +45,15 @@ class NodeSetup:
 
     db_url: str
     batch_id: str
-    harness: str
-    sandbox: str
+    spec: BatchSpec
+    """The batch as a node runs it: its harness, sandbox kind, budgets and retries. `retries` are
+    infrastructure retries on the node itself (a sandbox that did not start); a lost node is the
+    driver's to retry (runner/cluster/dispatch.py)."""
     backends: tuple[str, ...]
     model: str | None
     needs_model: bool
-    timeout: float | None = None
-    max_steps: int | None = None
-    retries: int = 2
-    """Infrastructure retries on the node itself (a sandbox that did not start); a lost node is
-    the driver's to retry (runner/cluster/dispatch.py)."""
     sandbox_image: str | None = None
     logs_root: Path | None = None
-    run_meta: dict[str, Any] = field(default_factory=dict)
     task_hashes: dict[str, str] = field(default_factory=dict)
     token_in: TokenInOptions | None = None
     """The node's proxy's token-in parsers (the rollouts choose token-in in their meta)."""
@@ -77,7 +75,8 @@ class NodeAgent:
         self._node = node
         self._cap = cap
         self._stack = contextlib.AsyncExitStack()
-        self._shared: Shared | None = None
+        self._store: Store | None = None
+        self._executor: RolloutExecutor | None = None
         # Ray's worker installs uvloop's policy; this worker process is the agent's alone.
         asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
         self._loop = asyncio.new_event_loop()
@@ -103,8 +102,8 @@ class NodeAgent:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     async def _open(self) -> str:
-        setup, stack = self._setup, self._stack
-        store = await Store.connect(setup.db_url)
+        setup, stack, spec = self._setup, self._stack, self._setup.spec
+        store = self._store = await Store.connect(setup.db_url)
         stack.push_async_callback(store.close)
         host = await stack.enter_async_context(
             proxy_host(
@@ -115,44 +114,32 @@ class NodeAgent:
                 token_in=setup.token_in,
             )
         )
-        provider = await make_provider(setup.sandbox, image=setup.sandbox_image)
+        provider = await make_provider(spec.sandbox, image=setup.sandbox_image)
         stack.push_async_callback(provider.close)
-        # Whatever a rollout left on this node goes with the batch, however the batch ends.
-        stack.push_async_callback(provider.sweep, setup.batch_id)
         if setup.sandbox_image is None:
             await prebuild(provider, setup.tasks)
-        harness = adapter(setup.harness)
-        try:
-            installed = installation(harness)
-        except NotInstalled:
-            await asyncio.to_thread(install, harness)
-            installed = installation(harness)
-        logs_root = setup.logs_root or platformdirs.user_data_path("rolltap") / "runs"
-        self._shared = Shared(
+        node = LocalHost(
             store=store,
-            provider=provider,
-            harness=harness,
-            installation=installed,
-            pools=Pools.sized(self._cap, self._cap, self._cap),
-            run_id=setup.batch_id,
             proxy_socket=host.socket,
-            model=host.model,
-            logs_root=logs_root / setup.batch_id,
-            timeout=setup.timeout,
-            max_steps=setup.max_steps,
-            retries=setup.retries,
-            progress=BatchProgress(),
-            sandbox_kind=provider.kind,
-            image=setup.sandbox_image,
-            run_meta=setup.run_meta,
-            task_hashes=setup.task_hashes,
+            model=lambda: host.model,
+            logs_root=setup.logs_root or platformdirs.user_data_path("rolltap") / "runs",
+            pools=Pools.sized(self._cap, self._cap, self._cap),
+            harnesses={spec.harness: adapter(spec.harness)},
+            sandbox_image=setup.sandbox_image,
+            # The executor sweeps what a rollout left on this node as the batch ends.
+            providers={spec.sandbox: lambda: contextlib.nullcontext(provider)},
             revoke_key=host.revoke,
+            harness_from="host",
+            task_hashes=setup.task_hashes,
         )
+        opened = local_executors(node)(spec, setup.batch_id)
+        self._executor = await stack.enter_async_context(opened)
         return host.model
 
     async def _run(self, planned: Planned) -> RolloutResult:
-        shared = self._shared
-        assert shared is not None, "open() first"
+        store, executor = self._store, self._executor
+        assert store is not None, "open() first"
+        assert executor is not None, "open() first"
         # Which node ran it: where its logs are, and what to look at when a node misbehaves.
-        await shared.store.update_rollout(planned.rollout_id, merge_meta={NODE: self._node})
-        return await run_rollout(shared, planned)
+        await store.update_rollout(planned.rollout_id, merge_meta={NODE: self._node})
+        return await executor.run(planned)

@@ -3,7 +3,10 @@
 `RolloutExecutor.run` takes a planned rollout (its row is in the store, with its key) to its end
 and records the result there. Cancelling the task that awaits it must stop the rollout and
 leave no sandbox or process behind. `LocalExecutor` runs rollouts in this process's sandboxes
-through `rolltap.runner.rollout`; another implementation may run them on a cluster.
+through `rolltap.runner.rollout`; `runner/cluster/service.py` runs them on a Ray cluster.
+Every batch goes through this seam: the service's, `rolltap run`'s (runner/batch.py) and each
+Ray node's share of one (runner/cluster/node.py); `local_executors` is the one place that
+builds a batch's `Shared`.
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...analysis.hacks import Detector
 from ...store import Store
 from ..egress import EgressMode, EgressSettings, egress_gate
 from ..harnesses import (
@@ -72,6 +76,21 @@ class LocalHost:
     egress: EgressSettings = field(default_factory=EgressSettings)
     """The server's egress config (allow-list, intercept hosts, [resolve], upstream CA); a batch
     chooses the mode and adds hosts to the allow-list."""
+    harness_from: str = "auto"
+    """auto: a harness not in `installations` runs from harness_images/NAME built on the task's
+    image in docker, else from its host install; host: always its host install; image: always
+    the image."""
+    logs_per_batch: bool = True
+    """Each batch's logs in logs_root/BATCH; False: in logs_root itself (run_batch's logs_root)."""
+    prune_git: bool = True
+    """False: keep each task's git history beyond its base commit (runner/guard.py)."""
+    detectors: Sequence[Detector] | None = None
+    """The reward-hack detectors (analysis/hacks.py); None: `load_detectors()`."""
+    progress: BatchProgress | None = None
+    """The counters a display reads, when this host runs one batch (`rolltap run`); None: fresh
+    ones per batch."""
+    task_hashes: Mapping[str, str] = field(default_factory=dict)
+    """Content hashes of tasks by id, computed ahead; a rollout hashes any other task itself."""
 
 
 class LocalExecutor:
@@ -97,13 +116,13 @@ def local_executors(host: LocalHost) -> ExecutorFactory:
             # way it ends (a cancelled INIT may not have got to closing its sandbox).
             stack.push_async_callback(provider.sweep, batch_id)
             builtin = isinstance(harness.packages, BuiltIn)
-            images = (
-                provider.kind == "docker" and not builtin and spec.harness not in host.installations
-            )
+            images = not builtin and _from_image(host, provider.kind, spec.harness)
             image_context = None
             if images:
                 if not isinstance(provider, BuildsHarnessImages):
-                    raise ValueError(f"the {provider.kind} sandbox cannot build harness images")
+                    raise ValueError(
+                        f"the {provider.kind} sandbox cannot build harness images; use host"
+                    )
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rolltap-img-"))
                 image_context = build_context(harness, Path(tmp), host_ca_bundle())
                 installed = image_installation(harness)
@@ -142,21 +161,32 @@ def local_executors(host: LocalHost) -> ExecutorFactory:
                 run_id=batch_id,
                 proxy_socket=host.proxy_socket,
                 model=host.model(),
-                logs_root=host.logs_root / batch_id,
+                logs_root=host.logs_root / batch_id if host.logs_per_batch else host.logs_root,
                 timeout=spec.budgets.timeout,
                 max_steps=spec.budgets.max_steps,
                 retries=spec.retries,
-                progress=BatchProgress(total=len(spec.tasks) * spec.samples_per_task),
+                progress=BatchProgress(total=len(spec.tasks) * spec.samples_per_task)
+                if host.progress is None
+                else host.progress,
                 sandbox_kind=provider.kind,
                 image=host.sandbox_image,
                 image_context=image_context,
                 run_meta=harness_metadata(harness, installed_from, settings),
+                task_hashes=dict(host.task_hashes),
                 revoke_key=host.revoke_key,
                 egress=gate,
+                prune_git=host.prune_git,
+                detectors=host.detectors,
             )
             yield LocalExecutor(shared)
 
     return open_executor
+
+
+def _from_image(host: LocalHost, kind: str, harness: str) -> bool:
+    if host.harness_from == "auto":
+        return kind == "docker" and harness not in host.installations
+    return host.harness_from == "image"
 
 
 async def _installed(harness: Harness, ready: Mapping[str, Installation]) -> Installation:

@@ -19,6 +19,7 @@ import torch
 
 from rolltap.engine.launch import EngineProcess
 from tests.support.engine import get_json, post_json, post_sse
+from tests.support.waiting import until
 from tests.support.weights import CHANGED, changed_weights, save_weights, served_weights
 
 pytestmark = pytest.mark.model
@@ -247,9 +248,8 @@ async def test_abort_requests_route_ends_everything_with_abort(engine: EnginePro
 
 
 async def _until_running(engine: EngineProcess) -> None:
-    for _ in range(600):
+    async def decoding() -> bool:
         stats = (await get_json(engine.url, "/stats"))[1]
-        if stats["running"] and stats["generated_tokens"] > 0:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the request never started decoding")
+        return bool(stats["running"] and stats["generated_tokens"] > 0)
+
+    await until(decoding, "the request started decoding", timeout=12)

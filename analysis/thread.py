@@ -11,17 +11,22 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from rolltap.loop_thread import LoopThread
 
 from ..store.database import Database, open_database
-from ..store.packing import IdArray
-from ..store.records import RolloutView
 from ..store.url import DatabaseURL
-from . import trajectory
-from .drift import Detokenizer
-from .trajectory import RolloutTrajectories
+
+if TYPE_CHECKING:
+    # Loaded on the first build: a store that never assembles a trajectory never imports it.
+    from ..store.packing import IdArray
+    from ..store.records import RolloutView
+    from .drift import Detokenizer
+    from .trajectory import RolloutTrajectories
+
+CHUNK = 64
+"""Rollouts assembled per round of queries."""
 
 T = TypeVar("T")
 
@@ -60,6 +65,8 @@ class AnalysisThread:
     async def _build(
         self, rollouts: Sequence[RolloutView], detokenizer: Detokenizer | None
     ) -> list[RolloutTrajectories]:
+        from . import trajectory
+
         if self._db is None:  # only ever touched on the analysis thread
             self._db = open_database(self._url, read_only=self._read_only)
         return await trajectory.build(self._db, rollouts, detokenizer)

@@ -101,9 +101,6 @@ from .segments import (
 )
 from .steps import TurnSpan, token_hash, turn_spans, version_range
 
-CHUNK = 64
-"""Rollouts assembled per round of queries."""
-
 C = call_table
 CH = choice_table
 B = call_body_table

@@ -5,7 +5,8 @@
 Runs each command as a fresh process (the installed `rolltap` script) `--repeat` times on a
 store with one finished rollout, and prints the median wall time beside two references: a bare
 `python -c pass` (the floor) and importing every command module at once (what every command
-paid before commands were imported lazily).
+paid before commands were imported lazily). Also the median CPU time (user + system) of the
+process, which other load on the machine disturbs far less than the wall time.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,13 +40,17 @@ async def _store(url: str) -> str:
     return created.id
 
 
-def _median(argv: list[str], repeat: int, env: dict[str, str]) -> float:
-    times = []
+def _median(argv: list[str], repeat: int, env: dict[str, str]) -> tuple[float, float]:
+    """Median wall and CPU seconds of `argv` run `repeat` times."""
+    walls, cpus = [], []
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         subprocess.run(argv, env=env, check=True, capture_output=True)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
@@ -70,9 +76,10 @@ def main() -> None:
         ):
             argv = [ROLLTAP, *(rollout if word == "ROLLOUT" else word for word in command)]
             rows.append((f"rolltap {' '.join(command)}", _median(argv, args.repeat, env)))
-    print(f"{'command':<40} {'median s':>9} {'x floor':>8} {'x before':>9}")
-    for name, seconds in rows:
-        print(f"{name:<40} {seconds:>9.3f} {seconds / floor:>8.1f} {seconds / eager:>9.2f}")
+    print(f"{'command':<40} {'median s':>9} {'x floor':>8} {'x before':>9} {'CPU s':>7}")
+    for name, (seconds, cpu) in rows:
+        ratios = f"{seconds / floor[0]:>8.1f} {seconds / eager[0]:>9.2f}"
+        print(f"{name:<40} {seconds:>9.3f} {ratios} {cpu:>7.3f}")
 
 
 if __name__ == "__main__":

@@ -9,18 +9,10 @@ writer isolates it instead of retrying it.
 from __future__ import annotations
 
 import sqlite3
+import sys
 
-import asyncpg
 from sqlalchemy.exc import DBAPIError
 
-# asyncpg's own errors that mean "no usable connection": connection class 08, operator
-# intervention 57P0x (admin/crash shutdown, cannot connect now), insufficient resources 53xxx.
-_PG_OUTAGE = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.InterfaceError,
-)
 # SQLite reports all of these as OperationalError; the message tells them from a bad statement.
 _SQLITE_OUTAGE = (
     "database is locked",
@@ -37,7 +29,7 @@ def is_outage(error: BaseException) -> bool:
         if error.connection_invalidated:
             return True
         return is_outage(error.orig) if error.orig is not None else False
-    if isinstance(error, (OSError, *_PG_OUTAGE)):
+    if isinstance(error, (OSError, *_pg_outage())):
         return True
     if isinstance(error, sqlite3.OperationalError):
         message = str(error).lower()
@@ -45,6 +37,21 @@ def is_outage(error: BaseException) -> bool:
     cause = error.__cause__
     # SQLAlchemy's asyncpg adapter wraps the driver's error; the original is the cause.
     return cause is not None and cause is not error and is_outage(cause)
+
+
+def _pg_outage() -> tuple[type[BaseException], ...]:
+    """asyncpg's own errors that mean "no usable connection": connection class 08, operator
+    intervention 57P0x (admin/crash shutdown, cannot connect now), insufficient resources 53xxx.
+    Only a loaded asyncpg can have raised them, so a SQLite store never imports it."""
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return ()
+    return (
+        asyncpg.PostgresConnectionError,
+        asyncpg.exceptions.OperatorInterventionError,
+        asyncpg.exceptions.InsufficientResourcesError,
+        asyncpg.InterfaceError,
+    )
 
 
 def describe(error: BaseException) -> str:

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rolltap.loop_thread import LoopThread
 
-from ..analysis.drift import Detokenizer
-from ..analysis.trajectory import CHUNK, RolloutTrajectories, Trajectory
-from ..audit.integrity import RolloutIntegrity
-from ..audit.replay import ReplayReport
+from ..analysis.thread import CHUNK
 from .egress import EgressRecord
 from .lookup import Kind, resolve_id
 from .records import BatchView, CallBodies, CallTokens, CallView, RolloutAnalysis, RolloutView
 from .store import Store
 from .url import DatabaseURL
+
+if TYPE_CHECKING:
+    from ..analysis.drift import Detokenizer
+    from ..analysis.trajectory import RolloutTrajectories, Trajectory
+    from ..audit.integrity import RolloutIntegrity
+    from ..audit.replay import ReplayReport
 
 T = TypeVar("T")
 

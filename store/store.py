@@ -6,18 +6,11 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError
 
-from ..analysis import hacks, trajectory
-from ..analysis.bridging import Bridging
-from ..analysis.drift import Detokenizer
-from ..analysis.thread import AnalysisThread
-from ..analysis.toolparse import ToolParsing
-from ..analysis.trajectory import RolloutTrajectories, Trajectory
-from ..audit import integrity
-from ..audit.replay import REPLAYS, ReplayReport, report_of
+from ..analysis.thread import CHUNK, AnalysisThread
 from . import egress, lifecycle, migrate, queries, routed, training
 from .database import Database, open_database, unavailable
 from .errors import InvalidTokens, NotFound, ReadOnly
@@ -40,6 +33,18 @@ from .records import (
 )
 from .url import DatabaseURL, resolve_url
 from .writer import AppendCall, Apply, CreateRollout, GroupCommitWriter, StoreStatus, UpdateRollout
+
+if TYPE_CHECKING:
+    from ..analysis import hacks
+    from ..analysis.bridging import Bridging
+    from ..analysis.drift import Detokenizer
+    from ..analysis.toolparse import ToolParsing
+    from ..analysis.trajectory import RolloutTrajectories, Trajectory
+    from ..audit.integrity import RolloutIntegrity
+    from ..audit.replay import ReplayReport
+
+# The analysis and the audit (trajectories, reward-hack detectors, the hash chain's check) are
+# imported by the methods that use them: a command that lists rollouts loads none of them.
 
 FINAL_STATUSES = lifecycle.ENDED
 """The statuses of a rollout that has ended (store/lifecycle.py)."""
@@ -178,6 +183,8 @@ class Store:
             if status in FINAL_STATUSES:
                 values.setdefault("finished_at", now)
         if values.get("hack_flags") is not None:
+            from ..analysis import hacks
+
             values["hack_flags"] = hacks.as_stored(values["hack_flags"])
         allowed = None if only_from is None else frozenset(s.value for s in only_from)
         change = lifecycle.Change(
@@ -188,6 +195,8 @@ class Store:
             for listener in list(self._on_finished):
                 listener(rollout_id)
         if values.get("hack_flags"):
+            from ..analysis import hacks
+
             flagged = hacks.flags_of(values["hack_flags"]) or []
             for on_flags in list(self._on_hack_flags):
                 on_flags(rollout_id, flagged)
@@ -351,6 +360,8 @@ class Store:
     async def replay_report(self, rollout_id: str) -> ReplayReport | None:
         """The report of a replay rollout, or of an original's latest replay (audit/replay.py);
         None when it has none (yet)."""
+        from ..audit.replay import REPLAYS, report_of
+
         view = await self.rollout(rollout_id)
         report = report_of(view.meta)
         replays = view.meta.get(REPLAYS)
@@ -364,6 +375,8 @@ class Store:
     async def hack_record(self, rollout_id: str) -> hacks.RolloutRecord:
         """What the reward-hack detectors read of a rollout: its calls with their bodies, its
         egress requests, its meta (analysis/hacks.py)."""
+        from ..analysis import hacks
+
         return await self.db.read(hacks.load_record, rollout_id)
 
     async def check_hacks(
@@ -376,6 +389,8 @@ class Store:
         """Runs the detectors (default: `hacks.load_detectors()`) on the rollout's record now;
         `save`: store the flags as the rollout's `hack_flags` (sealed into an ended rollout's
         head)."""
+        from ..analysis import hacks
+
         record = await self.hack_record(rollout_id)
         chosen = hacks.load_detectors() if detectors is None else detectors
         found = await asyncio.to_thread(hacks.detect, record, chosen)
@@ -383,8 +398,10 @@ class Store:
             await self.update_rollout(rollout_id, hack_flags=found)
         return found
 
-    async def verify_rollout(self, rollout_id: str) -> integrity.RolloutIntegrity:
+    async def verify_rollout(self, rollout_id: str) -> RolloutIntegrity:
         """Recompute a rollout's hash chain from what the store holds (audit/integrity.py)."""
+        from ..audit import integrity
+
         return await self.db.read(integrity.verify_rollout, rollout_id)
 
     # --- trajectories (see rolltap.analysis.trajectory) -----------------------------------------
@@ -409,7 +426,7 @@ class Store:
         rollouts: str | Sequence[str] | None = None,
         status: str | Sequence[str] | None = None,
         detokenizer: Detokenizer | None = None,
-        chunk: int = trajectory.CHUNK,
+        chunk: int = CHUNK,
     ) -> AsyncIterator[Trajectory]:
         """Every segment of the selected rollouts as a trajectory, oldest rollout first."""
         views = await self.rollouts(
@@ -425,6 +442,8 @@ class Store:
     ) -> RolloutTrajectories:
         """Build a rollout's trajectories and record its breaks and faithfulness summary in the
         segment_break and rollout_faithfulness tables (replacing an earlier analysis)."""
+        from ..analysis import trajectory
+
         built = await self.rollout_trajectories(rollout_id, detokenizer=detokenizer)
         await self._writes().submit(Apply(functools.partial(trajectory.record, built=built)))
         return built

@@ -15,6 +15,7 @@ from .ids import batch_filter
 from .options import db_option, tokenizer_option
 
 if TYPE_CHECKING:
+    from ..analysis.detokenizer import HFDetokenizer
     from ..store import BatchView
 
 
@@ -66,8 +67,8 @@ def ls(
         return
     from rich.table import Table
 
+    from .cells import task_label, when
     from .console import console_for_output
-    from .rollout_view import task_label, when
 
     console = console_for_output()
     table = Table(box=None, header_style="bold")
@@ -111,11 +112,14 @@ def show(
 ) -> None:
     """Show one rollout: its outcome (and why), its calls one line each, then its segments and
     where the chain broke."""
-    from ..analysis.detokenizer import HFDetokenizer
     from ..store import open as open_store
     from . import rollout_view
 
-    detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
+    detokenizer: HFDetokenizer | None = None
+    if tokenizer is not None:
+        from ..analysis.detokenizer import HFDetokenizer  # with aiohttp, for its engine twin
+
+        detokenizer = HFDetokenizer.from_path(tokenizer)
     with open_store(db_url, read_only=True) as store:
         rollout_id = store.resolve("rollout", rollout_id)
         if as_json:
@@ -140,8 +144,8 @@ def _list_batches(batches: list[BatchView], as_json: bool) -> None:
         return
     from rich.table import Table
 
+    from .cells import when
     from .console import console_for_output
-    from .rollout_view import when
 
     table = Table(box=None, header_style="bold")
     for column in ("batch", "started", "rollouts", "tasks", "mean reward", "passed", "statuses"):

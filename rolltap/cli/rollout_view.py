@@ -15,6 +15,7 @@ from ..analysis.hacks import flags_of
 from ..analysis.toolparse import ToolParsing
 from ..store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
 from .audit import render as render_integrity
+from .cells import task_label, when
 from .console import console_for_output
 from .trajectory_view import render_segments
 
@@ -56,16 +57,6 @@ def render_hacks(console: Console, r: RolloutView) -> None:
         where = f"seq {f.seq}" if f.seq is not None else f.source
         command = f"  [dim]{escape(f.command)}[/dim]" if f.command else ""
         console.print(f"  [red]{f.detector}[/red] ({where}) {escape(f.reason)}{command}")
-
-
-def task_label(r: RolloutView) -> str:
-    if r.task_id is None:
-        return "-"
-    return r.task_id if r.sample_index is None else f"{r.task_id}#{r.sample_index}"
-
-
-def when(t: datetime) -> str:
-    return t.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _header(console: Console, r: RolloutView) -> None:

@@ -102,3 +102,9 @@ async def test_every_check_constraint_of_the_models_is_in_the_migrated_schema(
         and " ".join(str(check.sqltext).split()) not in schema[table.name]
     ]
     assert not missing, missing
+
+
+def test_the_newest_migration_file_is_the_head() -> None:
+    # An open whose store is at this revision skips alembic (store/migrate.py): file names must
+    # keep alembic.ini's file_template, date first and revision last.
+    assert migrate.newest_revision() == migrate.head_revision()

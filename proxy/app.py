@@ -31,6 +31,7 @@ from .rollouts import FOR_SANDBOXES, Rollouts
 from .secret import signing_key
 from .tokenin.bridge import Bridges, LocalTemplate
 from .tokenin.config import TokenIn
+from .upstream.answer import ANSWERS, LIVE, AnswerSource
 from .upstream.backends import BackendPool, parse_backend
 from .upstream.model_names import ModelNames
 from .upstream.routing import StickyRouter
@@ -111,16 +112,21 @@ Extension = Callable[[web.Application, ProxyContext], None]
 
 
 def make_app(
-    ctx: ProxyContext, *, for_sandboxes: bool = False, extensions: Sequence[Extension] = ()
+    ctx: ProxyContext,
+    *,
+    for_sandboxes: bool = False,
+    extensions: Sequence[Extension] = (),
+    answers: AnswerSource = LIVE,
 ) -> web.Application:
     """The proxy's routes; `for_sandboxes` leaves out admin, metrics and extensions (the unix
-    socket sandboxes reach it by)."""
+    socket sandboxes reach it by); `answers`: where its calls' answers come from (answer.py)."""
     middlewares = [errors, release_at_end]
     if not for_sandboxes:
         middlewares.append(admin.admin_auth)
     app = web.Application(middlewares=middlewares, client_max_size=ctx.settings.max_body_bytes)
     app[CONTEXT] = ctx
     app[FOR_SANDBOXES] = for_sandboxes
+    app[ANSWERS] = answers
     for prefix in ("/r/{key}/v1", "/v1"):
         app.router.add_post(f"{prefix}/chat/completions", chat_completions)
         app.router.add_post(f"{prefix}/responses", responses)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -22,10 +21,6 @@ from .upstream.backends import BackendPool
 from .upstream.exchange import Exchange
 from .upstream.model_names import ModelNames
 from .upstream.routing import StickyRouter
-
-if TYPE_CHECKING:
-    # The cassette answers calls, which take this context: imported for types only.
-    from .replay import Cassette
 
 log = logging.getLogger("rolltap.proxy")
 
@@ -98,9 +93,6 @@ class ProxyContext:
     """Tells the other replicas on the same PostgreSQL store (proxy/control/replicated.py)."""
     tokenin: TokenIn | None = None
     """Token-in mode's parsers, bridges and default (proxy/tokenin); set by make_context."""
-    replay: Cassette | None = None
-    """Set on a proxy that replays a recorded rollout (`rolltap replay`): its calls are
-    answered from the record (rolltap.proxy.replay)."""
     session: aiohttp.ClientSession | None = None
     names: ModelNames = field(default_factory=ModelNames)
     """Which served model answers the model a call asks for (model_names.py)."""

@@ -18,6 +18,7 @@ from aiohttp import web
 from ..store import Store
 from .app import Extension, make_app, make_context
 from .context import ProxyContext, ProxySettings
+from .upstream.answer import LIVE, AnswerSource
 
 log = logging.getLogger("rolltap.proxy")
 _HANDLERS_AT_STOP = 5.0
@@ -38,12 +39,16 @@ class RunningProxy:
 
 
 async def start_proxy(
-    settings: ProxySettings, store: Store, extensions: Sequence[Extension] = ()
+    settings: ProxySettings,
+    store: Store,
+    extensions: Sequence[Extension] = (),
+    answers: AnswerSource = LIVE,
 ) -> RunningProxy:
     """Start listening; the caller owns the store and must `stop()` before closing it.
-    `extensions` add routes to the TCP app (the rollout service of `serve --runner`)."""
+    `extensions` add routes to the TCP app (the rollout service of `serve --runner`); `answers`:
+    where calls' answers come from (proxy/upstream/answer.py: the engine, or a cassette)."""
     ctx = make_context(settings, store)
-    app = make_app(ctx, extensions=extensions)
+    app = make_app(ctx, extensions=extensions, answers=answers)
     # A client that hangs up cancels its handler, which aborts the engine request (relay.py).
     runner = web.AppRunner(
         app,
@@ -66,7 +71,7 @@ async def start_proxy(
     port = runner.addresses[0][1] if runner.addresses else settings.port
     if settings.unix_socket:
         sandbox_runner = web.AppRunner(
-            make_app(ctx, for_sandboxes=True),
+            make_app(ctx, for_sandboxes=True, answers=answers),
             access_log=None,
             handle_signals=False,
             handler_cancellation=True,

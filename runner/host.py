@@ -21,6 +21,7 @@ from ..proxy.context import ProxySettings
 from ..proxy.replay import Cassette
 from ..proxy.server import RunningProxy, start_proxy
 from ..proxy.tokenin.options import TokenInOptions
+from ..proxy.upstream.answer import LIVE
 from ..store import Store
 from .sandboxes.identity import sandbox_user
 
@@ -105,8 +106,7 @@ async def proxy_host(
             max_tokens_cap=max_tokens_cap,
             token_in=token_in or TokenInOptions(),
         )
-        proxy = await start_proxy(settings, store)
-        proxy.ctx.replay = replay
+        proxy = await start_proxy(settings, store, answers=LIVE if replay is None else replay)
         stack.push_async_callback(proxy.stop)
         if urls and not proxy.ctx.pool.healthy():
             # The proxy probed them before serving: every rollout would fail, one by one.

@@ -1,4 +1,5 @@
-"""A batch's bound on staleness, held where each call of a rollout is dispatched.
+"""A batch's bound on staleness, held where each call of a rollout is dispatched (the check:
+stale_hold.py).
 
 A rollout is `gap` weight updates behind when the version its oldest recorded answer was
 sampled with was committed `gap` updates before the version in force: the hold's order of
@@ -21,15 +22,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...store import RolloutStatus
-from ...store.lifecycle import OPEN
 from ..dialects.errors import Forbidden
-
-if TYPE_CHECKING:
-    from ..context import ProxyContext
-    from ..rollouts import RolloutState
 
 BOUND = "staleness"
 """Meta key: the bound the rollout's batch set."""
@@ -88,46 +83,3 @@ def ended_stale(meta: Mapping[str, Any], policy: StalePolicy | None = None) -> b
         return False
     action = mark.get("action")
     return action in ENDS_ROLLOUT if policy is None else action == policy.value
-
-
-async def hold_bound(ctx: ProxyContext, state: RolloutState) -> None:
-    """Check the rollout against its bound as the hold lets one of its calls through; raises
-    StaleRollout when the call must not reach an engine."""
-    bound, oldest = state.stale_bound, state.oldest_version
-    if bound is None or oldest is None:
-        return
-    gap = ctx.hold.epoch - ctx.hold.epoch_of(oldest)
-    if gap <= bound.max_staleness:
-        return
-    ends = bound.policy in ENDS_ROLLOUT
-    then = "run again as a new attempt" if bound.policy is StalePolicy.RELAUNCH else "dropped"
-    message = (
-        f"rollout {state.id} is stale: its first answer was sampled with weight version "
-        f"{oldest!r}, {gap} update(s) ago, and its batch allows {bound.max_staleness}; it is {then}"
-    )
-    if not state.stale_marked:
-        # Before the first await: concurrent calls of the rollout find it marked (and ended).
-        state.stale_marked = True
-        if ends:
-            state.status = RolloutStatus.CANCELLED
-        mark = {
-            "action": bound.policy.value,
-            "gap": gap,
-            "max_staleness": bound.max_staleness,
-            "oldest_version": oldest,
-            "version": ctx.hold.weight_version,
-        }
-        await _record(ctx, state.id, mark, message if ends else None)
-    if ends:
-        raise StaleRollout(message, code="rollout_stale")
-
-
-async def _record(
-    ctx: ProxyContext, rollout_id: str, mark: dict[str, Any], ended: str | None
-) -> None:
-    """meta["stale"] (and, when the bound ends the rollout, its status) in one write; a rollout
-    something else ended meanwhile keeps its own ending."""
-    values: dict[str, Any] = {}
-    if ended is not None:
-        values |= {"status": RolloutStatus.CANCELLED, "error": ended}
-    await ctx.store.update_rollout(rollout_id, only_from=OPEN, merge_meta={MARK: mark}, **values)

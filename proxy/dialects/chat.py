@@ -79,7 +79,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     exchange.model = body.get("model")
     await admit(taken)
     await link_retry(taken)
-    call = await engine_answer(taken, body)
+    call = await engine_answer(request, taken, body)
     return await relay(request, taken, call, ChatRendering)
 
 

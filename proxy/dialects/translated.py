@@ -75,7 +75,7 @@ async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     handle = ctx.recall.handles.mint(taken.state.id, exchange.call_id)
     renderer = dialect.renderer(body, Answer(exchange.call_id, int(time.time()), handle))
     anthropic = is_anthropic(request.path)
-    call = await engine_answer(taken, chat)
+    call = await engine_answer(request, taken, chat)
     return await relay(
         request, taken, call, lambda answer: TranslatedRendering(taken, answer, renderer, anthropic)
     )

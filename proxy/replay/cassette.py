@@ -1,7 +1,8 @@
 """A rollout's recorded calls, served back to a harness that runs its task again.
 
-A proxy given a cassette (`ProxyContext.replay`, set by `rolltap replay`) answers every call of
-its rollouts from it instead of an engine. Which recorded call answers a request:
+A proxy given a cassette as its answer source (proxy/upstream/answer.py; `rolltap replay`)
+answers every call of its rollouts from it instead of an engine. Which recorded call answers a
+request:
 
 - the recorded calls are those the engine was asked: `rejected` calls are left out (the proxy
   refuses such a request again by itself, before it reaches the cassette), and so are

@@ -28,7 +28,7 @@ import orjson
 from ...store import CallStatus
 from ...store.ids import new_id
 from ..context import ProxyContext
-from ..control.staleness import hold_bound
+from ..control.stale_hold import hold_bound
 from ..rollouts import RolloutState
 from . import resume, routed
 from .engines import Captured, EngineKind, Prepared, capture_response, prepare_chat

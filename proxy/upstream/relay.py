@@ -43,7 +43,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from ...store import CallStatus, InvalidTokens
-from ..control.staleness import StaleRollout, hold_bound
+from ..control.stale_hold import hold_bound
+from ..control.staleness import StaleRollout
 from ..dialects.errors import ProxyError, UpstreamFailed
 from ..intake import Intake
 from .call import Chunk, EngineBroke, EngineError, EngineGarbled, error_message, named

@@ -22,7 +22,6 @@ import pytest
 
 from rolltap.audit.replay import REPLAYS, REPORT_KEY, Mode, Outcome, ReplayReport, Served
 from rolltap.proxy.replay import VERSION, Cassette
-from rolltap.proxy.server import RunningProxy
 from rolltap.proxy.upstream.answer import live_answer
 from rolltap.store import CallStatus, Capture, Store
 from tests.support.fake_vllm import FakeVLLM, Reply
@@ -177,15 +176,23 @@ async def recorded_session(store: Store, dialect: str, stream: bool) -> AsyncIte
         yield Recorded(rollout_id, seen)
 
 
+@dataclass
+class Replaying:
+    """A proxy answering from `replay`, the cassette it was started with."""
+
+    url: str
+    replay: Cassette
+
+
 @contextlib.asynccontextmanager
 async def replaying(
     store: Store, original: str, mode: Mode = Mode.REPLAY, *backends: str
-) -> AsyncIterator[RunningProxy]:
-    async with running_proxy(store, *backends) as proxy:
-        proxy.ctx.replay = await Cassette.load(
-            store, original, mode=mode, live=live_answer, batches=["replays"]
-        )
-        yield proxy
+) -> AsyncIterator[Replaying]:
+    cassette = await Cassette.load(
+        store, original, mode=mode, live=live_answer, batches=["replays"]
+    )
+    async with running_proxy(store, *backends, answers=cassette) as proxy:
+        yield Replaying(proxy.url, cassette)
 
 
 @pytest.mark.parametrize(("dialect", "stream"), CASES)
@@ -196,7 +203,7 @@ async def test_a_session_replays_with_every_call_matched(
         async with replaying(store, original.rollout_id) as proxy:
             replay_id, key = await new_rollout(store, batch_id="replays")
             seen = await SESSIONS[dialect](proxy.url, key, stream, "4242")
-            results = proxy.ctx.replay.results() if proxy.ctx.replay else []
+            results = proxy.replay.results() if proxy.replay else []
 
     assert seen == original.seen
     assert [(r.outcome, r.served) for r in results] == [(Outcome.MATCHED, Served.RECORDED)] * 2
@@ -222,7 +229,7 @@ async def test_a_different_tool_output_diverges_at_the_next_call(
         async with replaying(store, original.rollout_id) as proxy:
             replay_id, key = await new_rollout(store, batch_id="replays")
             seen = await SESSIONS[dialect](proxy.url, key, stream, "1717")
-            results = proxy.ctx.replay.results() if proxy.ctx.replay else []
+            results = proxy.replay.results() if proxy.replay else []
 
     assert seen == original.seen  # a plain replay keeps serving the record
     first, second = results
@@ -248,7 +255,7 @@ async def test_until_divergence_refuses_the_diverged_call(store: Store, dialect:
             replay_id, key = await new_rollout(store, batch_id="replays")
             with pytest.raises((openai.PermissionDeniedError, anthropic.PermissionDeniedError)):
                 await SESSIONS[dialect](proxy.url, key, True, "1717")
-            results = proxy.ctx.replay.results() if proxy.ctx.replay else []
+            results = proxy.replay.results() if proxy.replay else []
 
     assert [(r.outcome, r.served) for r in results] == [
         (Outcome.MATCHED, Served.RECORDED),
@@ -271,7 +278,7 @@ async def test_continue_live_sends_the_diverged_call_to_the_engine(
         ):
             replay_id, key = await new_rollout(store, batch_id="replays")
             seen = await SESSIONS[dialect](proxy.url, key, True, "1717")
-            results = proxy.ctx.replay.results() if proxy.ctx.replay else []
+            results = proxy.replay.results() if proxy.replay else []
 
     assert seen[0] == original.seen[0]
     assert "A live answer." in str(seen[1])
@@ -296,7 +303,7 @@ async def test_a_call_beyond_the_record_is_extra(store: Store) -> None:
                 body = {"model": "m", "messages": [{"role": "user", "content": "more"}]}
                 async with http.post(f"{proxy.url}/r/{key}/v1/chat/completions", json=body) as r:
                     status, error = r.status, (await r.json())["error"]
-            results = proxy.ctx.replay.results() if proxy.ctx.replay else []
+            results = proxy.replay.results() if proxy.replay else []
 
     assert (status, error["code"]) == (403, "replay_exhausted")
     assert [r.outcome for r in results] == [Outcome.MATCHED, Outcome.MATCHED, Outcome.EXTRA]
@@ -320,7 +327,7 @@ async def test_a_call_the_replay_never_made_is_missing(store: Store) -> None:
                         }
                     ],
                 )
-            results = proxy.ctx.replay.results() if proxy.ctx.replay else []
+            results = proxy.replay.results() if proxy.replay else []
 
     assert [(r.position, r.outcome) for r in results] == [
         (1, Outcome.MATCHED),
@@ -333,12 +340,12 @@ async def test_the_admin_api_serves_the_stored_report(store: Store) -> None:
         async with replaying(store, original.rollout_id) as proxy:
             replay_id, key = await new_rollout(store, batch_id="replays")
             await chat_session(proxy.url, key, False, "1717")
-            assert proxy.ctx.replay is not None
+            assert proxy.replay is not None
             report = ReplayReport(
                 original=original.rollout_id,
                 replay=replay_id,
                 mode=Mode.REPLAY,
-                calls=proxy.ctx.replay.results(),
+                calls=proxy.replay.results(),
                 recorded_reward=1.0,
                 replayed_reward=1.0,
                 recorded_status="finished",

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 
 from rolltap.proxy.context import ProxySettings
 from rolltap.proxy.server import RunningProxy, start_proxy
+from rolltap.proxy.upstream.answer import LIVE, AnswerSource
 from rolltap.store import NewRollout, Store
 from tests.support.fake_vllm import FakeVLLM
 
@@ -36,10 +37,10 @@ async def fake_engine(fake: FakeVLLM | None = None) -> AsyncIterator[Engine]:
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    store: Store, *backends: str, **settings: object
+    store: Store, *backends: str, answers: AnswerSource = LIVE, **settings: object
 ) -> AsyncIterator[RunningProxy]:
     config = ProxySettings(backends=list(backends), port=0, health_interval=0.2, **settings)  # type: ignore[arg-type]
-    proxy = await start_proxy(config, store)
+    proxy = await start_proxy(config, store, answers=answers)
     try:
         yield proxy
     finally:

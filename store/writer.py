@@ -573,10 +573,18 @@ class _RowInsert:
 
     def execute(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         pairs = list(zip(self.names, self.processors, strict=True))
-        conn.exec_driver_sql(
-            self.sql,
-            [tuple(p(r[n]) if p else r[n] for n, p in pairs) for r in rows],
-        )
+        values = [tuple(p(r[n]) if p else r[n] for n, p in pairs) for r in rows]
+        if conn.dialect.driver != "pysqlite":
+            conn.exec_driver_sql(self.sql, values)
+            return
+        # The connection's own sqlite3 cursor, inside the same transaction: Core's execution
+        # context, events and result around each statement cost more than SQLite's insert.
+        # Its errors are sqlite3's own, which the writer reads as SQLAlchemy's (outage.py).
+        cursor = conn.connection.cursor()
+        try:
+            cursor.executemany(self.sql, values)
+        finally:
+            cursor.close()
 
 
 class _Inserts:

@@ -58,6 +58,8 @@ class CallInput:
     that the prompt extends that sequence when the shared length covers all of it."""
 
     def choice(self, index: int) -> ChoiceTokens:
+        if index < len(self.choices) and self.choices[index].index == index:
+            return self.choices[index]  # the store keeps choices in index order
         for c in self.choices:
             if c.index == index:
                 return c
@@ -139,13 +141,15 @@ class Segment:
         logprobs = np.zeros(len(ids), dtype=LOGPROBS)
         complete = True
         for piece in self.pieces:
-            start, end = piece.start, piece.end
+            sampled = piece.sampled
+            start = piece.start
+            end = start + len(sampled.token_ids)
             mask[start:end] = 1
-            if piece.sampled.logprobs is None:
+            if sampled.logprobs is None:
                 logprobs[start:end] = np.nan
                 complete = False
             else:
-                logprobs[start:end] = piece.sampled.logprobs
+                logprobs[start:end] = sampled.logprobs
         lost = np.zeros(len(ids), dtype=bool)
         for lo, hi in self.lost:
             lost[lo:hi] = True

@@ -71,22 +71,21 @@ def turn_spans(
     spans: list[TurnSpan] = []
     previous_end = offset
     for piece, version in zip(segment.pieces, versions, strict=True):
-        if piece.start > previous_end:
-            between = ids[previous_end : piece.start]
+        start, end = piece.start, piece.end
+        if start > previous_end:
+            between = ids[previous_end:start]
             spans.append(
                 TurnSpan(
                     TurnKind.OBSERVATION,
                     previous_end - offset,
-                    piece.start - offset,
+                    start - offset,
                     token_hash=token_hash(between),
                 )
             )
         spans.append(
-            TurnSpan(
-                TurnKind.ANSWER, piece.start - offset, piece.end - offset, piece.call.id, version
-            )
+            TurnSpan(TurnKind.ANSWER, start - offset, end - offset, piece.call.id, version)
         )
-        previous_end = piece.end
+        previous_end = end
     return tuple(spans)
 
 

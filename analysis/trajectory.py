@@ -106,6 +106,10 @@ CH = choice_table
 B = call_body_table
 SB = segment_break_table
 RF = rollout_faithfulness_table
+# Column values to enum members by a dict lookup: Enum(value) costs more than the rest of a row.
+_STATUS = {s.value: s for s in CallStatus}
+_CAPTURE = {c.value: c for c in Capture}
+_DIALECT = {d.value: d for d in CallDialect}
 
 
 @dataclass(frozen=True)
@@ -327,40 +331,49 @@ async def _load_calls(
         choices.setdefault(call_id, []).append(
             ChoiceTokens(idx, ids, unpack_logprobs(lp_blob), finish)
         )
+    # Rows unpacked by position: reading a Row's columns by name costs more than the rest of
+    # a call's handling here (bench/export_bench.py).
     stored = [
-        StoredPrompt(
-            r.id,
-            r.prompt_parent_id,
-            r.prompt_parent_choice,
-            r.prompt_shared,
-            unpack_ids(r.prompt_suffix),
-        )
-        for r in call_rows
+        StoredPrompt(call_id, parent, choice, shared, unpack_ids(suffix))
+        for call_id, *_, parent, choice, shared, suffix in call_rows
     ]
     prompts = rebuild_prompts(stored, completions)
     calls: dict[str, list[CallInput]] = {}
     meta: dict[str, _CallMeta] = {}
-    for r in call_rows:
-        has_prompt = r.prompt_suffix is not None or r.prompt_parent_id is not None
-        parent = r.prompt_parent_id
-        calls.setdefault(r.rollout_id, []).append(
+    for (
+        call_id,
+        rollout_id,
+        seq,
+        dialect,
+        purpose,
+        status,
+        capture,
+        retry_of,
+        retry_count,
+        body_hash,
+        weight_version,
+        parent,
+        parent_choice,
+        shared,
+        suffix,
+    ) in call_rows:
+        has_prompt = suffix is not None or parent is not None
+        calls.setdefault(rollout_id, []).append(
             CallInput(
-                id=r.id,
-                seq=r.seq,
-                status=CallStatus(r.status),
-                capture=Capture(r.capture),
-                purpose=r.purpose,
-                retry_of=r.retry_of,
-                retry_count=r.retry_count or 0,
-                body_hash=r.body_hash,
-                prompt=prompts[r.id] if has_prompt else None,
-                choices=tuple(choices.get(r.id, ())),
-                stored_parent=None
-                if parent is None
-                else (parent, r.prompt_parent_choice, r.prompt_shared),
+                id=call_id,
+                seq=seq,
+                status=_STATUS[status],
+                capture=_CAPTURE[capture],
+                purpose=purpose,
+                retry_of=retry_of,
+                retry_count=retry_count or 0,
+                body_hash=body_hash,
+                prompt=prompts[call_id] if has_prompt else None,
+                choices=tuple(choices.get(call_id, ())),
+                stored_parent=None if parent is None else (parent, parent_choice, shared),
             )
         )
-        meta[r.id] = _CallMeta(r.seq, CallDialect(r.dialect), r.weight_version)
+        meta[call_id] = _CallMeta(seq, _DIALECT[dialect], weight_version)
     return calls, meta
 
 

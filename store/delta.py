@@ -99,9 +99,14 @@ def rebuild_prompts(
         if lenient and (row.parent_id not in prompts or no_choice):
             continue
         base = prompts[row.parent_id]
-        if row.parent_choice is not None:
-            base = np.concatenate([base, completions[(row.parent_id, row.parent_choice)]])
-        prompts[row.call_id] = np.concatenate([base[: row.shared], row.suffix]).astype(IDS)
+        # One copy per prompt: the parent's prompt, the part of its completion it shares (when
+        # it reaches past that prompt) and the suffix, joined at once.
+        if row.parent_choice is None or row.shared <= len(base):
+            parts = [base[: row.shared], row.suffix]
+        else:
+            sampled = completions[(row.parent_id, row.parent_choice)]
+            parts = [base, sampled[: row.shared - len(base)], row.suffix]
+        prompts[row.call_id] = np.concatenate(parts, dtype=IDS)
     return prompts
 
 

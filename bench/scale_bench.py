@@ -7,10 +7,12 @@
 One run prints side by side:
 
 - capture throughput (the fake engine answers at once, so each proxy's own ceiling shows),
-  non-streaming and streaming calls/s at `--concurrency` clients: the engine direct, the bare
-  capturing forwarder (bench/reference_forwarder.py --capture: token ids and logprobs asked for
-  and stripped, no store), `rolltap serve --workers 1` and `--workers 2` (capture into SQLite),
-  and LiteLLM's proxy (`--litellm`: its `litellm` executable, installed in a venv of its own);
+  non-streaming and streaming calls/s at `--concurrency` clients, with each proxy's CPU per
+  call (non-streaming / streaming: 200 chunks) and rolltap's as a ratio of the forwarder's:
+  the engine direct, the bare capturing forwarder (bench/reference_forwarder.py --capture:
+  token ids and logprobs asked for and stripped, no store), `rolltap serve --workers 1` and
+  `--workers 2` (capture into SQLite), and LiteLLM's proxy (`--litellm`: its `litellm`
+  executable, installed in a venv of its own);
 - added latency at one client: each proxy's p50 minus the engine's, and rolltap's as a ratio of
   the forwarder's;
 - rollouts per minute of a trivial single-call task through `run_batch_on_ray` on a local Ray
@@ -132,7 +134,7 @@ async def proxy_section(args: argparse.Namespace, tmp: str) -> None:
         ]
         if args.litellm:
             contenders.append(("LiteLLM proxy", litellm(args.litellm, upstream, tmp), False))
-        cpu: dict[str, float] = {}
+        cpu: dict[str, dict[bool, float]] = {}
         for name, starting, keyed in contenders:
             print(f"  ({name}...)")
             with starting as (url, pid):
@@ -143,8 +145,8 @@ async def proxy_section(args: argparse.Namespace, tmp: str) -> None:
                     cpu0 = tree_cpu(pid)
                     result = await pb.drive(urls, stream, args.concurrency, args.duration)
                     rates.setdefault(name, {})[stream] = result.rate
-                    if not stream:
-                        cpu[name] = (tree_cpu(pid) - cpu0) / max(1, len(result.latencies))
+                    spent = (tree_cpu(pid) - cpu0) / max(1, len(result.latencies))
+                    cpu.setdefault(name, {})[stream] = spent
                     if result.errors:
                         print(f"  ({name}: {result.errors} errors)")
     litellm_rates = rates.get("LiteLLM proxy")
@@ -152,11 +154,19 @@ async def proxy_section(args: argparse.Namespace, tmp: str) -> None:
         line = f"  {name:<26} non-streaming {by_stream[False]:7.0f}"
         line += f"   streaming {by_stream[True]:7.0f}"
         if name in cpu:
-            line += f"   CPU {cpu[name] * 1e3:5.2f} ms/call"
+            line += f"   CPU {cpu[name][False] * 1e3:5.2f} / {cpu[name][True] * 1e3:5.2f} ms/call"
         if litellm_rates and name != "LiteLLM proxy" and name != "engine direct":
             ratios = [_ratio(by_stream[s], litellm_rates[s]) for s in (False, True)]
             line += f"   x LiteLLM: {ratios[0]} / {ratios[1]}"
         print(line)
+    floor = cpu.get("bare capturing forwarder")
+    for name, spent in cpu.items():
+        if floor and name.startswith("rolltap"):
+            ratios = [spent[s] / floor[s] for s in (False, True)]
+            print(
+                f"  {name + ' CPU / forwarder':<38} non-streaming {ratios[0]:5.2f} x"
+                f"   streaming {ratios[1]:5.2f} x"
+            )
 
 
 def _ratio(rate: float, litellm: float) -> str:

@@ -140,10 +140,12 @@ class Segment:
         mask = np.zeros(len(ids), dtype=np.int8)
         logprobs = np.zeros(len(ids), dtype=LOGPROBS)
         complete = True
+        answers: list[tuple[int, int]] = []
         for piece in self.pieces:
             sampled = piece.sampled
             start = piece.start
             end = start + len(sampled.token_ids)
+            answers.append((start, end))
             mask[start:end] = 1
             if sampled.logprobs is None:
                 logprobs[start:end] = np.nan
@@ -154,7 +156,9 @@ class Segment:
         for lo, hi in self.lost:
             lost[lo:hi] = True
         lost_tokens = int(np.count_nonzero(lost & (mask == 1)))
-        return SegmentArrays(ids, mask, logprobs, self.prompt_len, complete, lost_tokens)
+        return SegmentArrays(
+            ids, mask, logprobs, self.prompt_len, complete, lost_tokens, tuple(answers)
+        )
 
     def locate(self, position: int, upto: int) -> Region:
         """Which part of the segment (up to piece `upto`) holds token `position`."""
@@ -191,6 +195,8 @@ class SegmentArrays:
     prompt_len: int
     has_logprobs: bool
     lost_tokens: int
+    answers: tuple[tuple[int, int], ...] = ()
+    """Each piece's sampled span [start, end) of `ids`, in order."""
 
 
 @dataclass(frozen=True)

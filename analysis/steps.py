@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..store.packing import IDS, IdArray
-from .segments import Segment
 
 
 class TurnKind(enum.StrEnum):
@@ -61,30 +60,24 @@ def token_hash(ids: IdArray) -> str:
 
 
 def turn_spans(
-    segment: Segment, ids: IdArray, versions: Sequence[str | None]
+    response_ids: IdArray,
+    answers: Sequence[tuple[int, int]],
+    call_ids: Sequence[str],
+    versions: Sequence[str | None],
 ) -> tuple[TurnSpan, ...]:
-    """The answers and observations of a segment whose full sequence is `ids`, in response
-    coordinates (the prompt, `ids[:segment.prompt_len]`, is not a turn). `versions` holds each
-    piece's weight version. An answer resumed after a weight update follows its first part with
-    no observation between them: empty observations are left out."""
-    offset = segment.prompt_len
+    """The answers and observations of a trajectory: `answers` holds each merged call's sampled
+    span [start, end) of `response_ids`, `call_ids` and `versions` the call's id and weight
+    version. An answer resumed after a weight update follows its first part with no observation
+    between them: empty observations are left out."""
     spans: list[TurnSpan] = []
-    previous_end = offset
-    for piece, version in zip(segment.pieces, versions, strict=True):
-        start, end = piece.start, piece.end
+    previous_end = 0
+    for (start, end), call_id, version in zip(answers, call_ids, versions, strict=True):
         if start > previous_end:
-            between = ids[previous_end:start]
+            between = response_ids[previous_end:start]
             spans.append(
-                TurnSpan(
-                    TurnKind.OBSERVATION,
-                    previous_end - offset,
-                    start - offset,
-                    token_hash=token_hash(between),
-                )
+                TurnSpan(TurnKind.OBSERVATION, previous_end, start, token_hash=token_hash(between))
             )
-        spans.append(
-            TurnSpan(TurnKind.ANSWER, start - offset, end - offset, piece.call.id, version)
-        )
+        spans.append(TurnSpan(TurnKind.ANSWER, start, end, call_id, version))
         previous_end = end
     return tuple(spans)
 

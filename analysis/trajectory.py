@@ -59,9 +59,10 @@ in their own context), but the harness changed them before the model saw them ag
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -154,8 +155,6 @@ class Trajectory:
     """The merged calls, in order."""
     weight_versions: tuple[str | None, ...]
     """The policy version each merged call was sampled with."""
-    turns: tuple[TurnSpan, ...]
-    """Every answer and every observation between two answers, as spans of `response_ids`."""
     prompt_hash: str
     """The stable hash (`rolltap.analysis.steps.token_hash`) of `prompt_ids`: the first state."""
     finish_reason: str | None
@@ -181,6 +180,16 @@ class Trajectory:
     hack_flags: tuple[str, ...] | None = None
     """The reward-hack detectors that flagged its rollout (analysis/hacks.py), sorted; () when
     none did, None when it was never checked: a trainer should not learn from a flagged one."""
+
+    _answers: tuple[tuple[int, int], ...] = field(default=(), repr=False, compare=False)
+    """Each merged call's sampled span of `response_ids`: what `turns` is worked out from."""
+
+    @functools.cached_property
+    def turns(self) -> tuple[TurnSpan, ...]:
+        """Every answer and every observation between two answers, as spans of `response_ids`
+        (worked out on first use: hashing every observation was a tenth of an export's CPU, and
+        an export never reads them)."""
+        return turn_spans(self.response_ids, self._answers, self.call_ids, self.weight_versions)
 
     @property
     def prompt_token_ids(self) -> IdArray:
@@ -477,7 +486,6 @@ def _trajectory(
         sample_index=rollout.sample_index,
         call_ids=tuple(segment.calls),
         weight_versions=versions,
-        turns=turn_spans(segment, arrays.ids, versions),
         prompt_hash=token_hash(arrays.ids[:n]),
         finish_reason=segment.pieces[-1].sampled.finish_reason,
         link=None
@@ -494,6 +502,7 @@ def _trajectory(
         replay_of=replay_of(rollout.meta),
         routed_experts=routed.for_sequence(routing, (last.call.id, last.choice), len(arrays.ids)),
         hack_flags=hacks.detectors_of(rollout.hack_flags),
+        _answers=tuple((start - n, end - n) for start, end in arrays.answers),
     )
 
 

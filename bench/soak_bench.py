@@ -18,7 +18,10 @@ store holds against the calls the clients saw succeed (0 lost: every success is 
 beyond the successes is a call the client gave up on after the proxy recorded it), checks every
 rollout it finished is stored as finished, and says for each figure whether it stayed flat
 after warm-up: its least-squares slope over the last `--window` minutes, as a change over that
-window against its mean, within a tolerance (RSS 5%, the rest 10%).
+window against its mean, within a tolerance (RSS 5%, the rest 10%). Descriptors follow the
+calls in flight (client and engine connections), so it also prints them idle, before the load
+and 40 s after it (past the proxy's keep-alive to the engine): a leak is what stays above the
+start beyond the store's connection pools.
 
 First, for scale, the bare capturing forwarder (bench/reference_forwarder.py --capture) under
 the same mixed load for `--reference-seconds`: its CPU per call.
@@ -58,6 +61,7 @@ TOLERANCE = {
     "bytes_per_call": 0.10,
 }
 """How far a figure may move over the window, against its mean, and still read as flat."""
+IDLE_SECONDS = 40.0
 
 
 @dataclass
@@ -352,6 +356,7 @@ async def watch(
         f"{'min':>5} {'calls':>8} {'calls/s':>8} {'lost':>5} {'RSS MB':>7} {'fds':>5} "
         f"{'CPU ms/call':>11} {'store MB':>9} {'B/call':>7} {'load':>5}"
     )
+    _, rss_idle, fds_idle = tree_figures(pid)
     async with load(proxy, args.clients, args.calls_per_rollout) as tally:
         start = time.monotonic()
         cpu_before, _, _ = tree_figures(pid)
@@ -381,6 +386,14 @@ async def watch(
             )
             cpu_before, ok_before = cpu, tally.ok
         print("stopping the load (calls in flight finish)...")
+    # Descriptors follow the calls in flight; idle past the proxy's 30 s keep-alive to the
+    # engine, a leak is what stays above the start beyond the store's connection pools.
+    await asyncio.sleep(IDLE_SECONDS)
+    _, rss_after, fds_after = tree_figures(pid)
+    print(
+        f"idle before the load: {fds_idle} descriptors, RSS {rss_idle:.1f} MB; "
+        f"idle {IDLE_SECONDS:g} s after it: {fds_after} descriptors, RSS {rss_after:.1f} MB"
+    )
     return samples, tally
 
 

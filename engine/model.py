@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .adapter import merge_adapter
 from .errors import ModelLoadError
 from .gguf_cache import lookup as gguf_cache_lookup
 from .gguf_cache import store as gguf_cache_store
@@ -45,6 +46,8 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     trained_len: int
     """The context length the model card gives; max_model_len may exceed it on request."""
+    adapter: Path | None = None
+    """The LoRA file merged into the weights, if any."""
 
     @property
     def name(self) -> str:
@@ -99,7 +102,10 @@ def load_model(
     dtype: str = "auto",
     max_model_len: int | None = None,
     gguf_cache: bool = True,
+    adapter: Path | None = None,
 ) -> LoadedModel:
+    """`adapter`: a LoRA file (adapter.py) merged into the weights after loading (and after
+    the GGUF cache is written, which keeps the plain weights)."""
     offline_hub()
     try:
         import torch
@@ -129,6 +135,9 @@ def load_model(
         raise ModelLoadError(f"cannot load model from {location}: {e}") from e
     if gguf is not None and cached is None and gguf_cache:
         gguf_cache_store(gguf, model, tokenizer)
+    if adapter is not None:
+        changed = merge_adapter(model, adapter)
+        log.info("adapter %s merged into %d layers", adapter, changed)
     model.to(torch_device).eval()
     trained = _context_length(model.config, tokenizer)
     if max_model_len is not None and max_model_len > trained:
@@ -149,6 +158,7 @@ def load_model(
         max_model_len=max_model_len or trained,
         eos_token_ids=_eos_ids(model, tokenizer),
         trained_len=trained,
+        adapter=adapter,
     )
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .adapter import resolve_adapter
 from .errors import ModelLoadError
 from .model import ModelSource, offline_hub, resolve_model
 from .params import LogprobsMode
@@ -55,6 +56,9 @@ class ServeConfig:
     max_body: int = 64 * 1024 * 1024
     """Largest request body in bytes; larger ones get 413."""
     gguf_cache: bool = True
+    adapter: str | None = None
+    """A LoRA file merged into the weights at load, `default` for rolltap's own (adapter.py),
+    or None / `none` for the plain model."""
     weight_version: str = "default"
     """The label of the weights loaded at start (vLLM's and SGLang's default is "default")."""
     ready_file: Path | None = None
@@ -75,6 +79,7 @@ async def _serve(config: ServeConfig) -> None:
     from .server import make_app
 
     source = resolve_model(config.model, config.served_model_name)
+    adapter = resolve_adapter(config.adapter)
     template = _read_template(config.chat_template)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -93,7 +98,7 @@ async def _serve(config: ServeConfig) -> None:
     url = f"http://{config.host}:{port}"
     log.info("listening on %s, loading %s", url, source.served_name)
     try:
-        loading = _in_daemon_thread(lambda: _build_engine(config, source, template))
+        loading = _in_daemon_thread(lambda: _build_engine(config, source, template, adapter))
         stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
         waiters: set[asyncio.Future[Any]] = {loading, stopped}
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -110,14 +115,18 @@ async def _serve(config: ServeConfig) -> None:
         await runner.cleanup()
 
 
-def _build_engine(config: ServeConfig, source: ModelSource, template: str | None) -> Engine:
+def _build_engine(
+    config: ServeConfig, source: ModelSource, template: str | None, adapter: Path | None
+) -> Engine:
     from ..chatformat.template import ChatRenderer
     from .batcher import Batcher, BatcherConfig
     from .core import Engine, OutputLimits
     from .model import load_model
 
     started = time.monotonic()
-    lm = load_model(source, config.device, config.dtype, config.max_model_len, config.gguf_cache)
+    lm = load_model(
+        source, config.device, config.dtype, config.max_model_len, config.gguf_cache, adapter
+    )
     batcher_config = BatcherConfig(
         max_batch=config.max_batch,
         threads=config.threads,

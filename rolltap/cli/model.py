@@ -8,6 +8,7 @@ import click
 
 from ..engine.errors import ModelLoadError
 from ..engine.params import LogprobsMode
+from .options import adapter_option
 
 
 @click.group()
@@ -95,6 +96,7 @@ def model() -> None:
     show_default=True,
     help="Label of the weights loaded at start; /update_weights_from_disk sets later ones.",
 )
+@adapter_option("none")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None, hidden=True)
 @click.option("--parent-fd", type=int, default=None, hidden=True)
 def serve(
@@ -117,6 +119,7 @@ def serve(
     max_body_mb: float,
     gguf_cache: bool,
     weight_version: str,
+    adapter: str,
     ready_file: Path | None,
     parent_fd: int | None,
 ) -> None:
@@ -144,6 +147,7 @@ def serve(
         max_body=int(max_body_mb * 1024 * 1024),
         gguf_cache=gguf_cache,
         weight_version=weight_version,
+        adapter=adapter,
         ready_file=ready_file,
         parent_fd=parent_fd,
     )

@@ -37,6 +37,43 @@ def engine_arg_option(f: F) -> F:
     )(f)
 
 
+def adapter_option(default: str) -> Callable[[F], F]:
+    """--adapter for commands that start the built-in engine (`default` or `none` by default)."""
+    return click.option(
+        "--adapter",
+        default=default,
+        show_default=True,
+        metavar="PATH|default|none",
+        help="Built-in engine: a LoRA file merged into the model's weights at load. default: "
+        "rolltap's own for SmolLM2-135M, taught mini-swe-agent's tool call "
+        "(examples/mswea_adapter.py), used only on the default model; none: the plain model.",
+    )
+
+
+def builtin_adapter_args(
+    ctx: click.Context, adapter: str, engine_model: str | None, builtin: bool
+) -> tuple[str, ...]:
+    """The engine flag for --adapter, checked before anything starts (one line if wrong).
+
+    `default` left at its default applies to the default model only, and quietly to nothing when
+    no built-in engine starts; given on the command line there, it is refused."""
+    from ..engine.adapter import DEFAULT, NONE, resolve_adapter
+    from ..engine.errors import ModelLoadError
+
+    given = ctx.get_parameter_source("adapter") not in (None, click.core.ParameterSource.DEFAULT)
+    if not builtin:
+        if given and adapter.lower() != NONE:
+            raise click.ClickException("--adapter: only for the built-in engine (no --backend)")
+        return ()
+    if adapter.lower() == DEFAULT and engine_model is not None and not given:
+        return ()
+    try:
+        path = resolve_adapter(adapter)
+    except ModelLoadError as e:
+        raise click.ClickException(f"--adapter: {e}") from None
+    return () if path is None else (f"--adapter={path}",)
+
+
 def max_tokens_cap_option(f: F) -> F:
     return click.option(
         "--max-tokens-cap",

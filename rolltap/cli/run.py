@@ -22,6 +22,8 @@ from ..runner.service.spec import BatchSpec, Budgets, PoolSizes
 from ..runner.tasks import Task, load_tasks
 from .console import console_for_output
 from .options import (
+    adapter_option,
+    builtin_adapter_args,
     capture_routed_experts_option,
     checked_backends,
     db_option,
@@ -106,6 +108,7 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 )
 @click.option("--engine-model", help="Built-in engine: a model dir or GGUF file.")
 @engine_arg_option
+@adapter_option("default")
 @max_tokens_cap_option
 @click.option("--sandbox-image", help="Sandbox root: docker base image, bwrap rootfs, SIF file.")
 @click.option(
@@ -191,6 +194,7 @@ def run(
     proxy_socket: Path | None,
     engine_model: str | None,
     engine_args: tuple[str, ...],
+    adapter: str,
     max_tokens_cap: int | None,
     sandbox_image: str | None,
     harness_from: str,
@@ -213,6 +217,11 @@ def run(
         load_detectors(list(detectors))
     except DetectorError as e:
         raise click.ClickException(str(e)) from e
+    builtin = not backends and proxy_socket is None and ray_address is None
+    engine_args = (
+        *builtin_adapter_args(click.get_current_context(), adapter, engine_model, builtin),
+        *engine_args,
+    )
 
     sampling = _sampling(sampling_pairs)
     egress_settings = load_settings(egress, allow_hosts, egress_config)
@@ -375,9 +384,11 @@ def _oracle_verdict(console: Console, summary: BatchSummary) -> None:
 @click.command()
 @click.option("--sandbox", type=click.Choice(KINDS), help="Default: bwrap, else local.")
 @click.option("-n", "--samples", default=1, show_default=True, type=click.IntRange(min=1))
+@adapter_option("default")
 @db_option
-def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
+def demo(sandbox: str | None, samples: int, adapter: str, db_url: str | None) -> None:
     """The embedded default end to end: built-in engine, proxy, mini-swe-agent on a few tasks."""
+    adapter_args = builtin_adapter_args(click.get_current_context(), adapter, None, True)
     console = console_for_output()
     if sandbox is None:
         sandbox = "bwrap" if shutil.which("bwrap") and _bwrap_works() else "local"
@@ -402,6 +413,7 @@ def demo(sandbox: str | None, samples: int, db_url: str | None) -> None:
             timeout=300,
             max_calls=20,
             max_steps=8,
+            engine_args=adapter_args,
             progress=progress,
             say=say,
         ),

@@ -22,6 +22,8 @@ from ..runner.sandboxes.identity import sandbox_user
 from ..store import Store
 from ..store.url import resolve_url
 from .options import (
+    adapter_option,
+    builtin_adapter_args,
     capture_routed_experts_option,
     check_port,
     checked_backends,
@@ -75,6 +77,7 @@ from .token_in import token_in_options
 @click.option("--model", "engine_model", help="Built-in engine: model dir or GGUF file.")
 @click.option("--device", default="cpu", show_default=True, help="Built-in engine: cpu or cuda.")
 @engine_arg_option
+@adapter_option("none")
 @click.option("--weight-version", help="Weight version recorded until /admin/resume sets one.")
 @click.option(
     "--rollout-expiry",
@@ -164,6 +167,7 @@ def serve(
     engine_model: str | None,
     device: str,
     engine_args: tuple[str, ...],
+    adapter: str,
     weight_version: str | None,
     rollout_expiry: float,
     no_cache_salt: bool,
@@ -182,6 +186,8 @@ def serve(
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     specs = checked_backends(backends)
+    ctx = click.get_current_context()
+    engine_args = (*builtin_adapter_args(ctx, adapter, engine_model, not specs), *engine_args)
     if capture_routed_experts:
         refuse_routed_experts(specs, builtin=not specs)
     # Before the store is created or an engine loaded: a taken port fails in a second.

@@ -134,13 +134,14 @@ def _trajectory(batch: str, rollout_id: str) -> dict[str, Any] | None:
 
 
 def _answers(traj: dict[str, Any]) -> tuple[int, int]:
-    """The model's answers and how many of them mini-swe-agent refused (FormatError)."""
+    """The model's answers and how many of them mini-swe-agent refused: a refused answer leaves
+    no assistant message, only the FormatError message asking again."""
     messages = [m for m in traj.get("messages") or [] if isinstance(m, dict)]
-    answers = sum(1 for m in messages if m.get("role") == "assistant")
+    kept = sum(1 for m in messages if m.get("role") == "assistant")
     refused = sum(
         1 for m in messages if (m.get("extra") or {}).get("interrupt_type") == "FormatError"
     )
-    return answers, refused
+    return kept + refused, refused
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from ... import harness_images
 from .base import Harness
 from .errors import HarnessError
 
-IMAGES_DIR = Path(harness_images.__file__).parent
+IMAGES_DIR = Path(harness_images.__file__).resolve().parent
 
 
 def dockerfile(harness: Harness) -> Path:

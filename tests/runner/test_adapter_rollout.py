@@ -11,14 +11,10 @@ from pathlib import Path
 import pytest
 
 from rolltap.engine.launch import ANSWER_LIMITS, EngineProcess
-from rolltap.runner import run_batch
-from rolltap.runner.harnesses import NotInstalled, adapter, installation
-from rolltap.runner.tasks import load_tasks
 from rolltap.store import RolloutStatus, Store
-from tests.support.sandboxes import provider_of
+from tests.support.mini_swe_agent import hello_file_rollout
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -30,29 +26,15 @@ def adapted_engine() -> Iterator[EngineProcess]:
 async def test_mini_swe_agent_on_the_adapter_is_one_segment(
     adapted_engine: EngineProcess, store: Store, tmp_path: Path
 ) -> None:
-    harness = adapter("mini-swe-agent")
-    try:
-        installed = installation(harness)
-    except NotInstalled:
-        pytest.skip("mini-swe-agent is not installed: run `rolltap harness install mini-swe-agent`")
-    tasks = [t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file"]
-
-    async with provider_of("local", tmp_path / "boxes") as provider:
-        result = await run_batch(
-            tasks,
-            harness=harness,
-            installed=installed,
-            sandbox=provider,
-            backends=[adapted_engine.url],
-            store=store,
-            max_steps=3,
-            max_calls=4,
-            timeout=120,
-            logs_root=tmp_path / "logs",
-            meta={"sampling": {"temperature": 0}},
-        )
-
-    (r,) = result.results
+    r = await hello_file_rollout(
+        adapted_engine.url,
+        store,
+        tmp_path,
+        max_steps=3,
+        max_calls=4,
+        timeout=120,
+        meta={"sampling": {"temperature": 0}},
+    )
     assert r.status is RolloutStatus.SUCCEEDED, (r.error, r.logs_dir)
     calls = await store.calls(r.rollout_id)
     assert calls, f"no call reached the proxy; see {r.logs_dir}"

@@ -10,14 +10,10 @@ from pathlib import Path
 import pytest
 
 from rolltap.engine.launch import EngineProcess
-from rolltap.runner import run_batch
-from rolltap.runner.harnesses import NotInstalled, adapter, installation
-from rolltap.runner.tasks import load_tasks
 from rolltap.store import Capture, RolloutStatus, Store
-from tests.support.sandboxes import provider_of
+from tests.support.mini_swe_agent import hello_file_rollout
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -31,28 +27,15 @@ def bounded_engine() -> Iterator[EngineProcess]:
 async def test_mini_swe_agent_on_smollm(
     kind: str, bounded_engine: EngineProcess, store: Store, tmp_path: Path
 ) -> None:
-    harness = adapter("mini-swe-agent")
-    try:
-        installed = installation(harness)
-    except NotInstalled:
-        pytest.skip("mini-swe-agent is not installed: run `rolltap harness install mini-swe-agent`")
-    tasks = [t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file"]
-
-    async with provider_of(kind, tmp_path / "boxes") as provider:
-        result = await run_batch(
-            tasks,
-            harness=harness,
-            installed=installed,
-            sandbox=provider,
-            backends=[bounded_engine.url],
-            store=store,
-            max_steps=2,
-            max_calls=6,
-            timeout=240,
-            logs_root=tmp_path / "logs",
-        )
-
-    (r,) = result.results
+    r = await hello_file_rollout(
+        bounded_engine.url,
+        store,
+        tmp_path,
+        sandbox=kind,
+        max_steps=2,
+        max_calls=6,
+        timeout=240,
+    )
     assert r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.BUDGET_EXCEEDED), (
         r.error,
         r.logs_dir,
@@ -75,29 +58,15 @@ async def test_mini_swe_agent_token_in(
     """The same real harness with its rollout in token-in mode (`token_in` in the batch's meta):
     it finishes, every call is recorded with its token-in outcome, and the batch reports
     bridge_break_rate."""
-    harness = adapter("mini-swe-agent")
-    try:
-        installed = installation(harness)
-    except NotInstalled:
-        pytest.skip("mini-swe-agent is not installed: run `rolltap harness install mini-swe-agent`")
-    tasks = [t for t in load_tasks(ROOT / "examples" / "tasks") if t.id == "hello-file"]
-
-    async with provider_of("local", tmp_path / "boxes") as provider:
-        result = await run_batch(
-            tasks,
-            harness=harness,
-            installed=installed,
-            sandbox=provider,
-            backends=[bounded_engine.url],
-            store=store,
-            max_steps=3,
-            max_calls=6,
-            timeout=240,
-            logs_root=tmp_path / "logs",
-            meta={"token_in": True},
-        )
-
-    (r,) = result.results
+    r = await hello_file_rollout(
+        bounded_engine.url,
+        store,
+        tmp_path,
+        max_steps=3,
+        max_calls=6,
+        timeout=240,
+        meta={"token_in": True},
+    )
     assert r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.BUDGET_EXCEEDED), (
         r.error,
         r.logs_dir,
@@ -114,7 +83,7 @@ async def test_mini_swe_agent_token_in(
     # last answer it kept. A small model rarely gets further. No later call looks new.
     assert set(outcomes) <= {"first_turn", "answer_dropped", "bridged"}, outcomes
     assert "first_turn" not in outcomes[1:], outcomes
-    bridging = await store.bridging(batch_id=result.batch_id)
+    bridging = await store.bridging(batch_id=(await store.rollout(r.rollout_id)).batch_id)
     assert bridging is not None
     assert bridging.outcomes == {o: outcomes.count(o) for o in set(outcomes)}
     reported = bridging.as_dict()

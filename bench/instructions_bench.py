@@ -1,6 +1,7 @@
 """Instructions per call: rolltap beside the bare capturing forwarder, counted by callgrind.
 
     python bench/instructions_bench.py [--calls 150] [--concurrency 1] [--stream]
+        [--callgrind-out DIR]
 
 Wall-clock CPU figures move with whatever else a shared machine runs; instruction counts do not.
 Each server runs under `valgrind --tool=callgrind` with counting off; after a warm-up the bench
@@ -8,6 +9,8 @@ turns counting on, drives `--calls` calls (2,000-token prompts, 200-token answer
 engine answering at once), turns it off and reads the total. Printed: user-space instructions
 per call of `rolltap serve` (capture into SQLite) and of bench/reference_forwarder.py --capture,
 and their ratio. Not counted: the kernel (socket and file syscalls) and the engine.
+With --callgrind-out the dumps stay in DIR (forwarder.cg.*, rolltap.cg.*) for
+`callgrind_annotate --inclusive=yes DIR/rolltap.cg.<pid>.1`.
 
 Under callgrind a call takes ~50x longer, so rolltap's 2-second re-read of each rollout would
 land once every few calls instead of once every thousand; rolltap runs here with that period
@@ -82,7 +85,7 @@ async def drive(urls: list[str], stream: bool, calls: int) -> None:
 
 
 async def measure(name: str, cmd: list[str], port: int, args: argparse.Namespace, tmp: str) -> int:
-    out = Path(tmp) / f"{name}.cg"
+    out = Path(args.callgrind_out or tmp) / f"{name}.cg"
     with counted(cmd, port, out) as pid:
         base = f"http://127.0.0.1:{port}"
         path = "/v1/chat/completions"
@@ -105,7 +108,10 @@ async def main() -> None:
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--callgrind-out", type=Path, help="keep the callgrind dumps here")
     args = parser.parse_args()
+    if args.callgrind_out:
+        args.callgrind_out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         engine_port = pb.free_port()
         engine_cmd = [sys.executable, "-m", "tests.support.fake_vllm", "--port", str(engine_port)]

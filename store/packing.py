@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import array
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,24 +24,26 @@ RoutingArray = npt.NDArray[np.integer[Any]]
 
 
 def id_list(values: Sequence[int]) -> npt.NDArray[Any]:
-    """`values` as `np.asarray(values)` reads them, faster for the usual list of ints: a typed C
-    array takes them in one pass (each through `__index__`, so floats and strings are refused
-    there too), where numpy discovers a dtype element by element; anything else goes to numpy."""
+    """`values` as `np.asarray(values)` reads them, faster for the usual list of ints: `struct`
+    packs them in one C pass (each through `__index__`, so floats and strings are refused there
+    too; a third of the instructions of `array('q')`, whose per-item argument parsing dominates
+    a 2,000-id prompt), where numpy discovers a dtype element by element; anything else goes to
+    numpy."""
     # A leading bool: numpy makes a list of bools a bool array (refused as ids), not ints.
     if type(values) is list and values and type(values[0]) is not bool:
         try:
-            return np.frombuffer(array.array("q", values), dtype=np.int64)
-        except (TypeError, OverflowError):
+            return np.frombuffer(struct.pack(f"<{len(values)}q", *values), dtype="<i8")
+        except struct.error:
             pass
     return np.asarray(values)
 
 
 def logprob_list(values: Sequence[float]) -> npt.NDArray[np.float64]:
-    """`values` as `np.asarray(values, dtype=np.float64)` reads them, by the same C-array path."""
+    """`values` as `np.asarray(values, dtype=np.float64)` reads them, by the same C path."""
     if type(values) is list:
         try:
-            return np.frombuffer(array.array("d", values), dtype=np.float64)
-        except (TypeError, OverflowError):
+            return np.frombuffer(struct.pack(f"<{len(values)}d", *values), dtype="<f8")
+        except struct.error:
             pass
     return np.asarray(values, dtype=np.float64)
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,6 +33,7 @@ from ..analysis.bridging import Bridging
 from ..analysis.drift import Detokenizer
 from ..analysis.trajectory import RolloutTrajectories, Trajectory
 from ..store.store import Store
+from . import columns
 
 FLUSH_TOKENS = 4_000_000
 """Tokens buffered before a Parquet row group is written."""
@@ -92,9 +92,24 @@ def open_writer(fmt: str, path: str | Path) -> TrajectoryWriter:
     raise ValueError(f"unknown export format {fmt!r}; use parquet or jsonl")
 
 
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "loss_mask", "logprobs")
+"""Written without dictionary encoding or statistics: see ParquetTrajectoryWriter."""
+
+
 class ParquetTrajectoryWriter:
     def __init__(self, path: str | Path, *, compression: str = "zstd") -> None:
-        self._writer = pq.ParquetWriter(str(path), SCHEMA, compression=compression)
+        # The token columns skip dictionary encoding and min/max statistics, half of the
+        # writer's CPU (bench/export_bench.py): the dictionary hashes every token for ids that
+        # zstd packs about as well from plain pages (smaller on a real tokenizer's ids, 15%
+        # larger on the bench's uniform random ones), and no reader prunes on a token's range.
+        others = [name for name in SCHEMA.names if name not in TOKEN_COLUMNS]
+        self._writer = pq.ParquetWriter(
+            str(path),
+            SCHEMA,
+            compression=compression,
+            use_dictionary=others,
+            write_statistics=others,
+        )
 
     def write(self, trajectories: Sequence[Trajectory]) -> None:
         if trajectories:
@@ -156,27 +171,20 @@ def write_all(
 
 def arrow_table(trajectories: Sequence[Trajectory]) -> pa.Table:
     ts = trajectories
-    columns: dict[str, pa.Array] = {
-        "prompt_ids": _list_array([t.prompt_ids for t in ts], pa.int32()),
-        "response_ids": _list_array([t.response_ids for t in ts], pa.int32()),
-        "loss_mask": _list_array([t.loss_mask for t in ts], pa.int8()),
-        "logprobs": _list_array([t.logprobs for t in ts], pa.float32()),
-        "routed_experts": pa.array([_routing_bytes(t) for t in ts], type=pa.binary()),
+    arrays: dict[str, pa.Array] = {
+        "prompt_ids": columns.lists([t.prompt_ids for t in ts], SCHEMA.field("prompt_ids").type),
+        "response_ids": columns.lists(
+            [t.response_ids for t in ts], SCHEMA.field("response_ids").type
+        ),
+        "loss_mask": columns.lists([t.loss_mask for t in ts], SCHEMA.field("loss_mask").type),
+        "logprobs": columns.lists([t.logprobs for t in ts], SCHEMA.field("logprobs").type),
+        "routed_experts": columns.column([_routing_bytes(t) for t in ts], pa.binary()),
     }
     rows = [_row(t, arrays=False) for t in ts]
     for field in SCHEMA:
-        if field.name not in columns:
-            columns[field.name] = pa.array([r[field.name] for r in rows], type=field.type)
-    return pa.table([columns[f.name] for f in SCHEMA], schema=SCHEMA)
-
-
-def _list_array(arrays: Sequence[npt.NDArray[Any]], value_type: pa.DataType) -> pa.Array:
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(arrays) if arrays else np.zeros(0)
-    flat = pa.array(values.astype(value_type.to_pandas_dtype(), copy=False), type=value_type)
-    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), flat)
+        if field.name not in arrays:
+            arrays[field.name] = columns.column([r[field.name] for r in rows], field.type)
+    return pa.table([arrays[f.name] for f in SCHEMA], schema=SCHEMA)
 
 
 def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:

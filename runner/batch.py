@@ -29,7 +29,8 @@ from typing import Any
 
 import platformdirs
 
-from ..analysis.hacks import Detector, load_detectors
+from ..analysis.choice import load_detectors
+from ..analysis.hacks import Detector
 from ..proxy.replay import Cassette
 from ..proxy.tokenin.options import TokenInOptions
 from ..store import RolloutStatus, Store

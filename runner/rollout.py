@@ -23,7 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from rolltap import telemetry
 
-from ..analysis.hacks import AUDIT_META, Detector, HackFlag, detect, load_detectors
+from ..analysis.choice import load_detectors
+from ..analysis.hacks import AUDIT_META, Detector, HackFlag, detect
 from ..store import RolloutStatus, Store
 from . import provenance
 from .egress import EgressGate, EgressMode, sandbox_env

@@ -386,13 +386,13 @@ class Store:
         *,
         save: bool = False,
     ) -> list[hacks.HackFlag]:
-        """Runs the detectors (default: `hacks.load_detectors()`) on the rollout's record now;
+        """Runs the detectors (default: `choice.load_detectors()`) on the rollout's record now;
         `save`: store the flags as the rollout's `hack_flags` (sealed into an ended rollout's
         head)."""
-        from ..analysis import hacks
+        from ..analysis import choice, hacks
 
         record = await self.hack_record(rollout_id)
-        chosen = hacks.load_detectors() if detectors is None else detectors
+        chosen = choice.load_detectors() if detectors is None else detectors
         found = await asyncio.to_thread(hacks.detect, record, chosen)
         if save:
             await self.update_rollout(rollout_id, hack_flags=found)

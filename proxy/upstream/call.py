@@ -30,8 +30,15 @@ from ...store.ids import new_id
 from ..context import ProxyContext
 from ..control.stale_hold import hold_bound
 from ..rollouts import RolloutState
-from . import resume, routed
-from .engines import Captured, EngineKind, Prepared, capture_response, prepare_chat
+from . import resume
+from .engines import (
+    Captured,
+    EngineKind,
+    Prepared,
+    ask_routed_experts,
+    capture_response,
+    prepare_chat,
+)
 from .exchange import Exchange, now
 from .forward import Upstream, open_upstream
 from .sampling import cache_salt, impose
@@ -211,7 +218,7 @@ class EngineCall:
             prepared = self._route.prepare(body, kind)
         else:
             prepared = prepare_chat(body, kind)
-        return routed.ask(prepared, kind) if self._exchange.routed_experts else prepared
+        return ask_routed_experts(prepared, kind) if self._exchange.routed_experts else prepared
 
     async def read_body(self) -> tuple[bytes, dict[str, Any]]:
         """The whole non-streaming answer, captured."""

@@ -10,6 +10,7 @@ unchanged and its calls are recorded as text only.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,19 @@ class Prepared:
     """Whether the client asked for the streaming usage chunk (rolltap always asks)."""
     path: str | None = None
     """The engine route to send it to; None: the caller's (chat completions)."""
+
+
+def ask_routed_experts(prepared: Prepared, kind: EngineKind) -> Prepared:
+    """The engine request asking for routed experts, and the client's view stripped of them.
+
+    SGLang takes `return_routed_experts` on chat and `/generate` alike. vLLM has no request
+    field (its server flag decides), so its request is unchanged, as is an openai=URL one's
+    (admission refuses such backends; one added later answers without, which is noted)."""
+    body = prepared.body
+    if kind == "sglang":
+        body = {**body, routed.SGLANG_FIELD: True}
+    extras = dataclasses.replace(prepared.extras, routed_experts=True)
+    return dataclasses.replace(prepared, body=body, extras=extras)
 
 
 def prepare_chat(body: dict[str, Any], kind: EngineKind) -> Prepared:

@@ -47,19 +47,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import enum
 import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    # engines.py reads answers with `found`: the kinds are compared by value here.
-    from .engines import EngineKind, Prepared
 
 SGLANG_FIELD = "return_routed_experts"
 
@@ -86,7 +81,7 @@ DENSE = (
 )
 
 
-def refusal(kinds: Iterable[EngineKind], builtin: bool) -> str | None:
+def refusal(kinds: Iterable[str], builtin: bool) -> str | None:
     """Why calls on these backends cannot capture routed experts; None when they can."""
     if builtin:
         return DENSE
@@ -96,19 +91,6 @@ def refusal(kinds: Iterable[EngineKind], builtin: bool) -> str | None:
             "sglang=URL or a vLLM backend (started with --enable-return-routed-experts)"
         )
     return None
-
-
-def ask(prepared: Prepared, kind: EngineKind) -> Prepared:
-    """The engine request asking for routed experts, and the client's view stripped of them.
-
-    SGLang takes `return_routed_experts` on chat and `/generate` alike. vLLM has no request
-    field (its server flag decides), so its request is unchanged, as is an openai=URL one's
-    (admission refuses such backends; one added later answers without, which is noted)."""
-    body = prepared.body
-    if kind == "sglang":
-        body = {**body, SGLANG_FIELD: True}
-    extras = dataclasses.replace(prepared.extras, routed_experts=True)
-    return dataclasses.replace(prepared, body=body, extras=extras)
 
 
 def found(doc: dict[str, Any]) -> Iterator[tuple[int, RawRouting]]:

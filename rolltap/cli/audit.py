@@ -13,7 +13,8 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from ..analysis.hacks import DetectorError, HackFlag, flags_of, load_detectors
+from ..analysis.choice import DetectorError, load_detectors
+from ..analysis.hacks import HackFlag, flags_of
 from ..audit import signature
 from ..audit.integrity import RolloutIntegrity
 from ..store import NotFound, StoreReader

@@ -210,7 +210,7 @@ def run(
     db_url: str | None,
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
-    from ..analysis.hacks import DetectorError, load_detectors
+    from ..analysis.choice import DetectorError, load_detectors
     from ..runner.egress import load_settings
 
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,51 @@ def test_every_import_resolves_as_text(path: Path) -> None:
             elif not _resolves(PACKAGE, ".".join(parts[1:]), []):
                 wrong.append(f"line {node.lineno}: {module} names no file under rolltap/")
     assert not wrong, wrong
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle, counting every import statement: function-level and TYPE_CHECKING ones
+    too, since a reader follows those arrows as well (a cycle is a knot in the picture)."""
+    graph = {path: _targets(path) for path in _sources()}
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as e:
+        cycle = [str(p.relative_to(ROOT)) for p in e.args[1]]
+        raise AssertionError(f"import cycle: {' -> '.join(cycle)}") from None
+
+
+def _module_file(target: Path) -> Path | None:
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def _targets(path: Path) -> set[Path]:
+    """The files a module's imports name (a package's __init__ only where a name is not a
+    submodule of it)."""
+    found: set[Path] = set()
+    for node in _imports(path):
+        if isinstance(node, ast.Import):
+            pairs = [(a.name.split("."), []) for a in node.names]
+        elif node.level:
+            base = path.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            dotted = node.module.split(".") if node.module else []
+            pairs = [([*base.relative_to(ROOT).parts, *dotted], node.names)]
+        else:
+            pairs = [((node.module or "").split("."), node.names)]
+        for parts, names in pairs:
+            if parts and parts[0] != "rolltap" and not (ROOT / parts[0]).is_dir():
+                continue  # another distribution's module
+            folder = ROOT.joinpath(*parts)
+            if parts and parts[0] == "rolltap":
+                folder = PACKAGE.joinpath(*parts[1:])
+            subs = [_module_file(folder / a.name) for a in names]
+            found.update(s for s in subs if s is not None)
+            own = _module_file(folder)
+            if own is not None and (not names or None in subs):
+                found.add(own)
+    found.discard(path.resolve())
+    return found

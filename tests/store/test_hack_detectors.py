@@ -14,13 +14,8 @@ from typing import Any
 import pytest
 
 from rolltap.analysis.actions import ActionKind, RecordedCall, read_actions
-from rolltap.analysis.hacks import (
-    DetectorError,
-    HackFlag,
-    RolloutRecord,
-    detect,
-    load_detectors,
-)
+from rolltap.analysis.choice import DetectorError, load_detectors
+from rolltap.analysis.hacks import HackFlag, RolloutRecord, detect
 from rolltap.analysis.shell import simple_commands
 from rolltap.store import CallDialect, CallStatus, EgressRecord, EgressVerdict, RolloutStatus
 from rolltap.store.records import RolloutView

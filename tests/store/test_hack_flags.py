@@ -10,7 +10,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from rolltap.analysis.hacks import HackFlag, detect, load_detectors
+from rolltap.analysis.choice import load_detectors
+from rolltap.analysis.hacks import HackFlag, detect
 from rolltap.audit.integrity import IssueKind
 from rolltap.export.atif import rollout_atif
 from rolltap.export.export import open_writer

@@ -49,7 +49,7 @@ from .harnesses import (
 from .harnesses.base import BuiltIn
 from .harnesses.oracle import NAME as ORACLE
 from .host import proxy_host, served_model, token_in_meta
-from .plan import Budget, plan
+from .plan import plan
 from .provenance import task_hash
 from .rollout import BatchProgress, Pools, RolloutResult
 from .sandboxes.base import SandboxProvider
@@ -301,7 +301,7 @@ async def run_spec(
             spec.samples_per_task,
             harness=adapter_.name,
             model=host.model,
-            budget=Budget(spec.budgets.max_calls, spec.budgets.max_tokens),
+            budgets=spec.budgets,
             meta=_rollout_meta(spec, meta, options.token_in),
             settings=_outcome(spec, options, egress, adapter_.name, host.model),
         )
@@ -362,7 +362,7 @@ async def _on_ray(
             spec.samples_per_task,
             harness=harness.name,
             model=model,
-            budget=Budget(spec.budgets.max_calls, spec.budgets.max_tokens),
+            budgets=spec.budgets,
             meta=_rollout_meta(spec, meta, options.token_in),
         )
         if kept:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..proxy.control.staleness import MARK
 from ..store import CreatedRollout, NewRollout, RolloutStatus, RolloutView, Store
 from .settings import BatchSettings, check_resumable
 from .tasks import Task
+
+if TYPE_CHECKING:
+    # The batch spec's limits, read here; service/ imports this module, so not at run time.
+    from .service.spec import Budgets
 
 DONE = {
     RolloutStatus.SUCCEEDED,
@@ -39,12 +43,6 @@ class Planned:
     attempt: int
 
 
-@dataclass(frozen=True)
-class Budget:
-    max_calls: int | None = None
-    max_tokens: int | None = None
-
-
 async def plan(
     store: Store,
     batch_id: str,
@@ -53,7 +51,7 @@ async def plan(
     *,
     harness: str,
     model: str | None,
-    budget: Budget,
+    budgets: Budgets,
     meta: dict[str, Any],
     settings: BatchSettings | None = None,
 ) -> tuple[list[Planned], list[RolloutView]]:
@@ -91,8 +89,8 @@ async def plan(
                     attempt=attempt,
                     harness=harness,
                     model=model,
-                    max_calls=budget.max_calls,
-                    max_tokens=budget.max_tokens,
+                    max_calls=budgets.max_calls,
+                    max_tokens=budgets.max_tokens,
                     meta=meta,
                 )
             )

@@ -27,7 +27,7 @@ from ...proxy.control.staleness import BOUND, StaleBound, StalePolicy, ended_sta
 from ...store import RolloutStatus, Store
 from ...store.lifecycle import OPEN
 from ...store.store import FINAL_STATUSES
-from ..plan import Budget, Planned, plan, relaunch
+from ..plan import Planned, plan, relaunch
 from ..rollout import RolloutResult
 from ..tasks import Task
 from .batch import Batch, BatchStatus
@@ -107,7 +107,7 @@ class Scheduler:
             spec.samples_per_task,
             harness=spec.harness,
             model=self._model,
-            budget=Budget(spec.budgets.max_calls, spec.budgets.max_tokens),
+            budgets=spec.budgets,
             meta=self._rollout_meta(),
         )
         group = _Group(task, {v.sample_index or 0: v.id for v in kept})

@@ -90,11 +90,11 @@ from ..store.packing import IdArray, LogprobArray, RoutingArray, unpack_ids, unp
 from ..store.records import ChoiceTokens, RolloutView
 from . import hacks
 from .drift import CallMessages, Detokenizer, Drift, break_sites, calls_to_read, classify_all
+from .lines import CALL_COLUMNS, CHOICE_COLUMNS, Line, Row, line_of
 from .segments import (
     Assembly,
     CallInput,
     MaskArray,
-    Segment,
     SegmentArrays,
     SegmentRole,
     Skipped,
@@ -271,22 +271,42 @@ class RolloutTrajectories:
 
 
 async def build(
-    db: Database, rollouts: Sequence[RolloutView], detokenizer: Detokenizer | None = None
+    db: Database,
+    rollouts: Sequence[RolloutView],
+    detokenizer: Detokenizer | None = None,
+    *,
+    lines: bool = True,
 ) -> list[RolloutTrajectories]:
-    """Assemble and classify a few rollouts at once (a handful of queries for all of them)."""
+    """Assemble and classify a few rollouts at once (a handful of queries for all of them).
+    `lines`: one-line rollouts straight from their rows (analysis/lines.py); False sends every
+    rollout through assembly, which yields the same."""
     ids = [r.id for r in rollouts]
     async with db.connect() as conn:
-        calls, meta = await _load_calls(conn, ids)
+        call_rows, choices = await _load_rows(conn, ids)
         routing = await routed.load(conn, ids)
-    assemblies = {rid: assemble(calls.get(rid, [])) for rid in ids}
+    by_rollout: dict[str, list[Row]] = {}
+    for row in call_rows:
+        by_rollout.setdefault(row[1], []).append(row)
+    straight: dict[str, Line] = {}
+    if lines:
+        for rid, rows in by_rollout.items():
+            line = line_of(rows, choices)
+            if line is not None:
+                straight[rid] = line
+    rest = [row for rid, rows in by_rollout.items() if rid not in straight for row in rows]
+    calls, meta = _calls(rest, choices)
+    assemblies = {rid: assemble(calls.get(rid, [])) for rid in ids if rid not in straight}
     sites = {rid: break_sites(a) for rid, a in assemblies.items()}
-    wanted = {c for rid in ids for site in sites[rid] for c in calls_to_read(site)}
+    wanted = {c for found in sites.values() for site in found for c in calls_to_read(site)}
     messages: dict[str, CallMessages] = {}
     if wanted:
         async with db.connect() as conn:
             messages = await _load_messages(conn, wanted, meta)
     built: list[RolloutTrajectories] = []
     for r in rollouts:
+        if r.id in straight:
+            built.append(_line_trajectories(r, straight[r.id], routing))
+            continue
         drifts = await classify_all(sites[r.id], messages, detokenizer)
         by_segment = {s.segment: d for s, d in zip(sites[r.id], drifts, strict=True)}
         built.append(_rollout_trajectories(r, assemblies[r.id], by_segment, meta, routing))
@@ -300,48 +320,46 @@ class _CallMeta:
     weight_version: str | None
 
 
-async def _load_calls(
+async def _load_rows(
     conn: AsyncConnection, rollout_ids: Sequence[str]
-) -> tuple[dict[str, list[CallInput]], dict[str, _CallMeta]]:
+) -> tuple[Sequence[Row], dict[str, list[Row]]]:
+    """The rollouts' call rows in seq order, and each call's choice rows in index order."""
     call_rows = (
         await conn.execute(
-            select(
-                C.c.id,
-                C.c.rollout_id,
-                C.c.seq,
-                C.c.dialect,
-                C.c.purpose,
-                C.c.status,
-                C.c.capture,
-                C.c.retry_of,
-                C.c.retry_count,
-                C.c.body_hash,
-                C.c.weight_version,
-                C.c.prompt_parent_id,
-                C.c.prompt_parent_choice,
-                C.c.prompt_shared,
-                C.c.prompt_suffix,
-            )
+            select(*CALL_COLUMNS)
             .where(C.c.rollout_id.in_(rollout_ids))
             .order_by(C.c.rollout_id, C.c.seq)
         )
     ).all()
-    choice_rows = await conn.execute(
-        select(CH.c.call_id, CH.c.idx, CH.c.finish_reason, CH.c.token_ids, CH.c.logprobs)
-        .join(C, C.c.id == CH.c.call_id)
-        .where(C.c.rollout_id.in_(rollout_ids))
-        .order_by(CH.c.call_id, CH.c.idx)
-    )
+    choice_rows = (
+        await conn.execute(
+            select(*CHOICE_COLUMNS)
+            .join(C, C.c.id == CH.c.call_id)
+            .where(C.c.rollout_id.in_(rollout_ids))
+            # The order both tables' keys give (rollout, seq; call, index): by call id alone,
+            # SQLite sorted every row, blobs and all, in a temporary B-tree.
+            .order_by(C.c.rollout_id, C.c.seq, CH.c.idx)
+        )
+    ).all()
+    choices: dict[str, list[Row]] = {}
+    for row in choice_rows:
+        choices.setdefault(row[0], []).append(row)
+    return call_rows, choices
+
+
+def _calls(
+    call_rows: Sequence[Row], choice_rows: Mapping[str, Sequence[Row]]
+) -> tuple[dict[str, list[CallInput]], dict[str, _CallMeta]]:
+    """Call rows (lines.CALL_COLUMNS) as assembly's inputs, their prompts rebuilt."""
     choices: dict[str, list[ChoiceTokens]] = {}
     completions: dict[tuple[str, int], IdArray] = {}
-    for call_id, idx, finish, ids_blob, lp_blob in choice_rows:
-        ids = unpack_ids(ids_blob)
-        completions[(call_id, idx)] = ids
-        choices.setdefault(call_id, []).append(
-            ChoiceTokens(idx, ids, unpack_logprobs(lp_blob), finish)
-        )
-    # Rows unpacked by position: reading a Row's columns by name costs more than the rest of
-    # a call's handling here (bench/export_bench.py).
+    for call_id, *_ in call_rows:
+        for _, idx, finish, ids_blob, lp_blob in choice_rows.get(call_id, ()):
+            ids = unpack_ids(ids_blob)
+            completions[(call_id, idx)] = ids
+            choices.setdefault(call_id, []).append(
+                ChoiceTokens(idx, ids, unpack_logprobs(lp_blob), finish)
+            )
     stored = [
         StoredPrompt(call_id, parent, choice, shared, unpack_ids(suffix))
         for call_id, *_, parent, choice, shared, suffix in call_rows
@@ -421,19 +439,31 @@ def _rollout_trajectories(
         text_only_calls=len(assembly.text_only),
         skipped_calls=len(assembly.skipped),
     )
-    trajectories = [
-        _trajectory(
-            rollout,
-            segment,
-            a,
-            drifts.get(segment.index),
-            meta,
-            faithfulness.share,
-            routing or {},
-            len(assembly.segments),
+    trajectories = []
+    for segment, a in zip(assembly.segments, arrays, strict=True):
+        link = segment.link
+        drift = drifts.get(segment.index)
+        last = segment.pieces[-1]
+        trajectories.append(
+            _trajectory(
+                rollout,
+                segment.index,
+                segment.role,
+                tuple(segment.calls),
+                tuple(meta[c].weight_version for c in segment.calls),
+                last.sampled.finish_reason,
+                None
+                if link is None
+                else SegmentLink(
+                    link.kind, link.parent_segment, link.call_id, link.choice, link.position, drift
+                ),
+                (last.call.id, last.choice),
+                a,
+                faithfulness.share,
+                routing or {},
+                len(assembly.segments),
+            )
         )
-        for segment, a in zip(assembly.segments, arrays, strict=True)
-    ]
     seqs = {cid: meta[cid].seq for cid in _call_ids(assembly)}
     return RolloutTrajectories(
         rollout,
@@ -444,6 +474,31 @@ def _rollout_trajectories(
         seqs,
         len(seqs),
     )
+
+
+def _line_trajectories(
+    rollout: RolloutView, line: Line, routing: dict[routed.Key, routed.StoredRouting]
+) -> RolloutTrajectories:
+    """What _rollout_trajectories makes of a one-line rollout's one segment."""
+    arrays = line.arrays
+    sampled = int(arrays.mask.sum())
+    faithfulness = Faithfulness(sampled, 0, {}, 1, 0, 0, 0, 0)
+    main = _trajectory(
+        rollout,
+        0,
+        SegmentRole.MAIN,
+        line.call_ids,
+        line.weight_versions,
+        line.finish_reason,
+        None,
+        (line.call_ids[-1], line.last_choice),
+        arrays,
+        faithfulness.share,
+        routing,
+        1,
+    )
+    seqs = dict(zip(line.call_ids, line.seqs, strict=True))
+    return RolloutTrajectories(rollout, [main], faithfulness, [], [], seqs, len(seqs))
 
 
 def replay_of(meta: Mapping[str, Any]) -> str | None:
@@ -459,22 +514,23 @@ def _call_ids(assembly: Assembly) -> set[str]:
 
 def _trajectory(
     rollout: RolloutView,
-    segment: Segment,
+    segment: int,
+    role: SegmentRole,
+    call_ids: tuple[str, ...],
+    versions: tuple[str | None, ...],
+    finish_reason: str | None,
+    link: SegmentLink | None,
+    last: routed.Key,
     arrays: SegmentArrays,
-    drift: Drift | None,
-    meta: dict[str, _CallMeta],
     share: float,
     routing: dict[routed.Key, routed.StoredRouting],
     n_segments: int,
 ) -> Trajectory:
     n = arrays.prompt_len
-    link = segment.link
-    last = segment.pieces[-1]
-    versions = tuple(meta[c].weight_version for c in segment.calls)
     return Trajectory(
         rollout_id=rollout.id,
-        segment=segment.index,
-        role=segment.role,
+        segment=segment,
+        role=role,
         prompt_ids=arrays.ids[:n],
         response_ids=arrays.ids[n:],
         loss_mask=arrays.mask[n:],
@@ -484,15 +540,11 @@ def _trajectory(
         batch_id=rollout.batch_id,
         task_id=rollout.task_id,
         sample_index=rollout.sample_index,
-        call_ids=tuple(segment.calls),
+        call_ids=call_ids,
         weight_versions=versions,
         prompt_hash=token_hash(arrays.ids[:n]),
-        finish_reason=segment.pieces[-1].sampled.finish_reason,
-        link=None
-        if link is None
-        else SegmentLink(
-            link.kind, link.parent_segment, link.call_id, link.choice, link.position, drift
-        ),
+        finish_reason=finish_reason,
+        link=link,
         sampled_tokens=int(arrays.mask.sum()),
         lost_tokens=arrays.lost_tokens,
         has_logprobs=arrays.has_logprobs,
@@ -500,7 +552,7 @@ def _trajectory(
         head_hash=rollout.head_hash,
         n_segments=n_segments,
         replay_of=replay_of(rollout.meta),
-        routed_experts=routed.for_sequence(routing, (last.call.id, last.choice), len(arrays.ids)),
+        routed_experts=routed.for_sequence(routing, last, len(arrays.ids)),
         hack_flags=hacks.detectors_of(rollout.hack_flags),
         _answers=tuple((start - n, end - n) for start, end in arrays.answers),
     )

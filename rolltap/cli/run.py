@@ -6,21 +6,15 @@ import shutil
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from ..proxy.tokenin.options import TokenInOptions
-from ..runner import BatchProgress, BatchResult, BatchSummary, run_batch
-from ..runner.batch import RunOptions, run_spec, tasks_of
 from ..runner.harnesses import adapters, builtins
 from ..runner.harnesses.oracle import NAME as ORACLE
 from ..runner.harnesses.oracle import failed_oracle
 from ..runner.sandboxes.kinds import KINDS
-from ..runner.service.spec import BatchSpec, Budgets, PoolSizes
-from ..runner.tasks import Task, load_tasks
-from .console import console_for_output
 from .options import (
     adapter_option,
     builtin_adapter_args,
@@ -31,9 +25,16 @@ from .options import (
     max_tokens_cap_option,
     refuse_routed_experts,
 )
-from .progress import with_progress
-from .report import report
 from .token_in import token_in_options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..runner import BatchProgress, BatchResult, BatchSummary
+    from ..runner.tasks import Task
+
+# The runner (its batch pipeline, the store, the proxy, the sandboxes) and rich are imported
+# when a command runs: `rolltap run --help` needs only the names of harnesses and sandboxes.
 
 DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 
@@ -211,7 +212,13 @@ def run(
 ) -> None:
     """Run every task in TASKS (a task dir, a dir of them, or a .jsonl file) N times."""
     from ..analysis.choice import DetectorError, load_detectors
+    from ..runner import BatchProgress, run_spec
+    from ..runner.batch import RunOptions, tasks_of
     from ..runner.egress import load_settings
+    from ..runner.service.spec import BatchSpec, Budgets, PoolSizes
+    from .console import console_for_output
+    from .progress import with_progress
+    from .report import report
 
     try:
         load_detectors(list(detectors))
@@ -326,6 +333,8 @@ def _on_ray(
     progress: BatchProgress,
     start: Callable[[Callable[[str], None]], Coroutine[Any, Any, BatchResult]],
 ) -> BatchResult:
+    from .progress import with_progress
+
     try:
         from ..runner.cluster.dispatch import NoSandboxNodes
     except ImportError:
@@ -357,6 +366,8 @@ def _sampling(pairs: tuple[str, ...]) -> dict[str, float | int]:
 
 
 def _select(tasks: Path, ids: tuple[str, ...]) -> list[Task]:
+    from ..runner.tasks import load_tasks
+
     loaded = {t.id: t for t in load_tasks(tasks)}
     missing = [i for i in ids if i not in loaded]
     if missing:
@@ -388,6 +399,12 @@ def _oracle_verdict(console: Console, summary: BatchSummary) -> None:
 @db_option
 def demo(sandbox: str | None, samples: int, adapter: str, db_url: str | None) -> None:
     """The embedded default end to end: built-in engine, proxy, mini-swe-agent on a few tasks."""
+    from ..runner import BatchProgress, run_batch
+    from ..runner.tasks import load_tasks
+    from .console import console_for_output
+    from .progress import with_progress
+    from .report import report
+
     adapter_args = builtin_adapter_args(click.get_current_context(), adapter, None, True)
     console = console_for_output()
     if sandbox is None:

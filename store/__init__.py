@@ -3,7 +3,7 @@
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .egress import EgressRecord
+from .enums import CallDialect, CallStatus, Capture, EgressVerdict, RolloutStatus, Verdict
 from .errors import (
     AmbiguousId,
     BadDatabaseURL,
@@ -15,7 +15,6 @@ from .errors import (
     WriterClosed,
 )
 from .lifecycle import IllegalTransition
-from .models import CallDialect, CallStatus, Capture, EgressVerdict, RolloutStatus, Verdict
 from .records import (
     BatchView,
     CallBodies,
@@ -34,6 +33,7 @@ from .url import DatabaseURL, resolve_url
 
 if TYPE_CHECKING:
     from ..audit.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
+    from .egress import EgressRecord
     from .reader import StoreReader, open
     from .store import Store
     from .writer import StoreState, StoreStatus
@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 # The facades (the async Store, the blocking reader, the audit's integrity types) are loaded on
 # first use: they build on the trajectory analysis and the audit, which themselves read
 # store.models and store.records, so loading them here would make `import rolltap.store.models`
-# (from analysis/, audit/ or a CLI command that only lists rows) pull in everything.
+# (from analysis/, audit/ or a CLI command that only lists rows) pull in everything. What is
+# loaded here needs neither SQLAlchemy nor numpy: `rolltap ls` reads SQLite without them.
 _LAZY = {
+    "EgressRecord": ".egress",
     "Issue": "..audit.integrity",
     "IssueKind": "..audit.integrity",
     "RefusedCall": "..audit.integrity",

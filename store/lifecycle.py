@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .enums import RolloutStatus
 from .errors import StoreError
-from .models import RolloutStatus
 
 OPEN = frozenset({RolloutStatus.PENDING, RolloutStatus.RUNNING})
 ENDED = frozenset(

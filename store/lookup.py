@@ -3,50 +3,19 @@ id (`rolltap show 01K8C4`), and rollouts no batch holds (made by hand through th
 
 from __future__ import annotations
 
-from typing import Literal
-
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from .errors import AmbiguousId, NotFound
-from .models import call_table, rollout_table
-from .queries import _rollout_view, _rollouts
+from . import listing
+from .listing import Kind as Kind
+from .models import rollout_table
+from .queries import _rollout_view, _rollouts, text_select
 from .records import RolloutView
-
-Kind = Literal["rollout", "batch", "call"]
-
-_COLUMNS = {
-    "rollout": rollout_table.c.id,
-    "batch": rollout_table.c.batch_id,
-    "call": call_table.c.id,
-}
-_SHOWN = 3
-"""How many of the ids an ambiguous prefix matches the error names."""
 
 
 def resolve_id(conn: Connection, kind: Kind, given: str) -> str:
-    """The id `given` is, or the only one it begins; NotFound when none, AmbiguousId when several.
-    Rollout and call ids (ULIDs, upper case) also match a prefix typed in lower case."""
-    column = _COLUMNS[kind]
-    if given and conn.execute(select(column).where(column == given).limit(1)).first():
-        return given
-    spellings = [given] if kind == "batch" else list(dict.fromkeys((given, given.upper())))
-    for prefix in spellings if given else []:
-        begins = func.substr(column, 1, len(prefix)) == prefix
-        found = list(
-            conn.execute(
-                select(column).where(begins).distinct().order_by(column).limit(_SHOWN + 1)
-            ).scalars()
-        )
-        if len(found) == 1:
-            return str(found[0])
-        if found:
-            n = conn.execute(select(func.count(func.distinct(column))).where(begins)).scalar_one()
-            shown = ", ".join(found[:_SHOWN]) + (", ..." if n > _SHOWN else "")
-            raise AmbiguousId(
-                f"{given!r} begins {n} {kind} ids ({shown}): give more of the {kind} id"
-            )
-    raise NotFound(f"no {kind} {given!r}")
+    """The id `given` is, or the only one it begins (listing.resolve_id)."""
+    return listing.resolve_id(text_select(conn), kind, given)
 
 
 def unbatched(conn: Connection, limit: int) -> tuple[int, list[RolloutView]]:

@@ -7,7 +7,6 @@ third of `rolltap ls`); any other revision goes through alembic's script directo
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +17,11 @@ from .. import migrations
 from .database import Database
 from .errors import StoreError
 from .models import Base
+from .revision import VERSION_TABLE as VERSION_TABLE
+from .revision import newest_revision as newest_revision
 
 if TYPE_CHECKING:
     from alembic.config import Config
-
-VERSION_TABLE = "alembic_version"
 
 
 class SchemaOutOfDate(StoreError):
@@ -35,16 +34,6 @@ def alembic_config() -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     return cfg
-
-
-@functools.cache
-def newest_revision() -> str | None:
-    """The revision of the newest file in migrations/versions/, read without alembic: their
-    names begin with the date and end with the revision (alembic.ini's file_template), so the
-    last name is the head (tests/store/test_migrations.py holds them to it)."""
-    versions = Path(migrations.__file__).parent / "versions"
-    names = sorted(p.stem for p in versions.glob("[0-9]*_*.py"))
-    return names[-1].rsplit("_", 1)[1] if names else None
 
 
 def head_revision() -> str | None:

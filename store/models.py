@@ -32,6 +32,16 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# Named here too, where the tables that hold them are, as they always were.
+from .enums import CallDialect as CallDialect
+from .enums import CallStatus as CallStatus
+from .enums import Capture as Capture
+from .enums import DriftClass as DriftClass
+from .enums import EgressVerdict as EgressVerdict
+from .enums import LinkKind as LinkKind
+from .enums import RolloutStatus as RolloutStatus
+from .enums import Verdict as Verdict
+
 # Fixed names, so alembic's autogenerate and every database agree on what to drop or alter.
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -64,74 +74,6 @@ class UTCDateTime(TypeDecorator[datetime]):
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, datetime: UTCDateTime}
-
-
-class RolloutStatus(enum.StrEnum):
-    """How a rollout's run ended: its harness and verifier, not whether the task passed (that
-    is its reward, read as a `Verdict`)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    FINISHED = "finished"
-    """The harness ended on its own and the verifier gave a reward (which may be 0)."""
-    FAILED = "failed"
-    """The harness or the verifier broke (an infrastructure or protocol failure)."""
-    TIMED_OUT = "timed_out"
-    CANCELLED = "cancelled"
-    BUDGET_EXCEEDED = "budget_exceeded"
-    EXPIRED = "expired"
-    """Nobody finished it: no call for the proxy's idle expiry (a rollout made by hand)."""
-    SUCCEEDED = "finished"
-    """The old name of FINISHED ("succeeded" read as "passed"); the value is FINISHED's."""
-
-    @classmethod
-    def _missing_(cls, value: object) -> RolloutStatus | None:
-        # Stores migrated from "succeeded", and clients that still send it, mean FINISHED.
-        return cls.FINISHED if value == "succeeded" else None
-
-
-class Verdict(enum.StrEnum):
-    """Whether the task passed, from the verifier's reward (docs/training.md)."""
-
-    PASSED = "passed"
-    """reward >= 1.0"""
-    PARTIAL = "partial"
-    """0 < reward < 1"""
-    FAILED = "failed"
-    """reward <= 0"""
-    UNVERIFIED = "unverified"
-    """No reward: the verifier did not run (or the rollout has not ended)."""
-
-    @classmethod
-    def of(cls, reward: float | None, pass_reward: float = 1.0) -> Verdict:
-        if reward is None or reward != reward:  # NaN: no verdict either
-            return cls.UNVERIFIED
-        if reward >= pass_reward:
-            return cls.PASSED
-        return cls.PARTIAL if reward > 0 else cls.FAILED
-
-
-class CallStatus(enum.StrEnum):
-    OK = "ok"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    REJECTED = "rejected"
-
-
-class CallDialect(enum.StrEnum):
-    CHAT = "chat"
-    RESPONSES = "responses"
-    MESSAGES = "messages"
-    COMPLETIONS = "completions"
-
-
-class Capture(enum.StrEnum):
-    TOKENS = "tokens"
-    """The engine returned the ids it sampled: the call is token-faithful."""
-    TEXT = "text"
-    """The backend returned text only; never presented as token-faithful."""
-    NONE = "none"
-    """Nothing was sampled (rejected, or failed before the engine answered)."""
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:
@@ -327,36 +269,6 @@ routed_experts_table = cast(Table, RoutedExperts.__table__)
 # --- trajectory analysis (where a rollout's token chain broke) ------------------------------
 
 
-class LinkKind(enum.StrEnum):
-    BREAK = "break"
-    """The same line carried on, but its prompt did not extend what came before: drift."""
-    SIDE = "side"
-    """A side call (title, summary, sub-agent) branching off the line it shares a prefix with."""
-    SIBLING = "sibling"
-    """Another choice of an `n > 1` call."""
-
-
-class DriftClass(enum.StrEnum):
-    RETOKENIZATION = "retokenization"
-    """The same text came back as different ids."""
-    REASONING_STRIPPED = "reasoning_stripped"
-    """Sampled reasoning (`<think>`) was left out of the later context."""
-    REASONING_INSERTED = "reasoning_inserted"
-    """Reasoning markup the model did not sample was put into the later context."""
-    TOOL_ARGS = "tool_args_reserialized"
-    """The same tool-call arguments came back serialised differently."""
-    HISTORY_EDITED = "history_edited"
-    """The harness dropped, inserted or changed messages (compaction, reminders, truncation)."""
-    ANSWER_DROPPED = "answer_dropped"
-    """The harness asked again without the answer it got (it rejected it: a format error, no
-    tool call): the name token-in mode gives the same event (analysis/bridging.py)."""
-    TEMPLATE_GLUE = "template_glue"
-    """The template rendered the same messages differently: separators, whitespace, specials."""
-    TEXT_ONLY = "text_only"
-    """A call without token ids sat between: the chain cannot be carried through it."""
-    OTHER = "other"
-
-
 class SegmentBreak(Base):
     """One row per call that started a linked segment: a drift break or a side call."""
 
@@ -408,13 +320,6 @@ class RolloutFaithfulness(Base):
     skipped_calls: Mapped[int] = mapped_column(Integer)
 
     __table_args__ = (Index(None, "share"),)
-
-
-class EgressVerdict(enum.StrEnum):
-    ALLOWED = "allowed"
-    DENIED = "denied"
-    INTERCEPTED = "intercepted"
-    """An LLM API host's call, routed into the rollout's proxy endpoint (recorded as a call)."""
 
 
 class EgressRequest(Base):

@@ -7,7 +7,6 @@ directly, async code runs them with `AsyncConnection.run_sync` (aiosqlite or asy
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,22 +15,19 @@ from typing import Any
 from sqlalchemy import (
     Row,
     Select,
-    Text,
     bindparam,
-    case,
-    cast,
-    exists,
     func,
     literal,
     null,
     or_,
     select,
+    text,
 )
 from sqlalchemy.engine import Connection, Dialect
 
 from ..analysis.bridging import Bridging
 from ..analysis.toolparse import ToolParsing
-from . import compress
+from . import compress, listing
 from .chain import GENESIS_HEX, prev_of
 from .delta import KnownCall, StoredPrompt, rebuild_prompts
 from .errors import NotFound
@@ -39,8 +35,6 @@ from .models import (
     CallDialect,
     CallStatus,
     Capture,
-    DriftClass,
-    LinkKind,
     RolloutStatus,
     call_body_table,
     call_table,
@@ -71,8 +65,8 @@ SB = segment_break_table
 RF = rollout_faithfulness_table
 LT = lineage_turn_table
 
-DRIFT_FILTERS = ("any", "none", *(d.value for d in DriftClass))
-"""`drift=` of `rollouts`: any break, none (analysed and unbroken), or a break of one class."""
+DRIFT_FILTERS = listing.DRIFT_FILTERS
+HACK_FILTERS = listing.HACK_FILTERS
 
 # Correlated, so each rollout's totals come from its own calls through the (rollout_id, seq)
 # index; a grouped subquery would aggregate the whole call table for one rollout's lookup.
@@ -150,85 +144,9 @@ def rollout_by_key_hash(
     return None if row is None else _rollout_view(row)
 
 
-def rollouts(
-    conn: Connection,
-    *,
-    batch: str | Sequence[str] | None = None,
-    status: str | Sequence[str] | None = None,
-    ids: Sequence[str] | None = None,
-    task: str | None = None,
-    harness: str | None = None,
-    min_reward: float | None = None,
-    max_reward: float | None = None,
-    drift: str | None = None,
-    hack: str | None = None,
-    limit: int | None = None,
-    offset: int = 0,
-    oldest_first: bool = False,
-) -> list[RolloutView]:
-    """Rollouts matching every filter given. `drift` reads the stored analysis (a rollout is
-    analysed when it finishes): one of DRIFT_FILTERS. `hack` reads the stored hack flags: one
-    of HACK_FILTERS, or a detector's name (flagged by it)."""
-    query = _rollouts()
-    if batch is not None:
-        query = query.where(R.c.batch_id.in_([batch] if isinstance(batch, str) else batch))
-    if status is not None:
-        wanted = [status] if isinstance(status, str) else status
-        query = query.where(R.c.status.in_([_status_value(s) for s in wanted]))
-    if ids is not None:
-        query = query.where(R.c.id.in_(ids))
-    if task is not None:
-        query = query.where(R.c.task_id == task)
-    if harness is not None:
-        query = query.where(R.c.harness == harness)
-    if min_reward is not None:
-        query = query.where(R.c.reward >= min_reward)
-    if max_reward is not None:
-        query = query.where(R.c.reward <= max_reward)
-    if drift is not None:
-        query = query.where(_drift_clause(drift))
-    if hack is not None:
-        query = query.where(_hack_clause(hack))
-    order = (R.c.created_at, R.c.id) if oldest_first else (R.c.created_at.desc(), R.c.id.desc())
-    query = query.order_by(*order)
-    if limit is not None:
-        query = query.limit(limit)
-    if offset:
-        query = query.offset(offset)
-    return [_rollout_view(row) for row in conn.execute(query)]
-
-
-def _drift_clause(drift: str) -> Any:
-    if drift not in DRIFT_FILTERS:
-        raise ValueError(f"unknown drift filter {drift!r}; use one of {', '.join(DRIFT_FILTERS)}")
-    breaks = exists().where(SB.c.rollout_id == R.c.id, SB.c.kind == LinkKind.BREAK.value)
-    if drift == "any":
-        return breaks
-    if drift == "none":
-        return exists().where(RF.c.rollout_id == R.c.id) & ~breaks
-    return breaks.where(SB.c.drift == drift)
-
-
-HACK_FILTERS = ("any", "none", "unchecked")
-"""Flagged by some detector, checked and clean, never checked (else: a detector's name)."""
-
-
-def _hack_clause(hack: str) -> Any:
-    text = cast(R.c.hack_flags, Text)
-    if hack == "unchecked":
-        return R.c.hack_flags.is_(None) | (text == "null")
-    if hack == "none":
-        return text == "[]"
-    flagged = R.c.hack_flags.is_not(None) & text.not_in(["[]", "null"])
-    if hack == "any":
-        return flagged
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", hack):
-        raise ValueError(f"hack filter {hack!r}: use {', '.join(HACK_FILTERS)} or a detector name")
-    name = hack.replace("_", "\\_")
-    # The stored JSON text, as written (json.dumps) or compacted: `"detector": "name"`.
-    spaced = text.like(f'%"detector": "{name}"%', escape="\\")
-    compact = text.like(f'%"detector":"{name}"%', escape="\\")
-    return flagged & (spaced | compact)
+def rollouts(conn: Connection, /, **filters: Any) -> list[RolloutView]:
+    """Rollouts matching every filter given (listing.rollouts, the one query for both)."""
+    return listing.rollouts(text_select(conn), **filters)
 
 
 def analyses(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:
@@ -253,55 +171,13 @@ def analyses(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, RolloutA
 def batches(
     conn: Connection, *, pass_reward: float = 1.0, limit: int | None = None, offset: int = 0
 ) -> list[BatchView]:
-    """Batches, the most recently started first, with their rollouts counted by status and
-    their rewards summed up. `pass_reward`: the reward at which a sample counts as passed."""
-    newest = (
-        select(R.c.batch_id)
-        .where(R.c.batch_id.is_not(None))
-        .group_by(R.c.batch_id)
-        .order_by(func.max(R.c.created_at).desc(), R.c.batch_id)
-        .offset(offset)
-    )
-    if limit is not None:
-        newest = newest.limit(limit)
-    ids = list(conn.execute(newest).scalars())
-    if not ids:
-        return []
-    totals = conn.execute(
-        select(
-            R.c.batch_id,
-            func.count(func.distinct(R.c.task_id)),
-            func.count(R.c.reward),
-            func.sum(R.c.reward),
-            func.sum(case((R.c.reward >= pass_reward, 1), else_=0)),
-            func.min(R.c.created_at),
-            func.max(R.c.finished_at),
-        )
-        .where(R.c.batch_id.in_(ids))
-        .group_by(R.c.batch_id)
-    )
-    by_status: dict[str, dict[str, int]] = {batch_id: {} for batch_id in ids}
-    for batch_id, status, n in conn.execute(
-        select(R.c.batch_id, R.c.status, func.count())
-        .where(R.c.batch_id.in_(ids))
-        .group_by(R.c.batch_id, R.c.status)
-    ):
-        by_status[batch_id][status] = int(n)
-    views = {
-        batch_id: BatchView(
-            batch_id=batch_id,
-            rollouts=sum(by_status[batch_id].values()),
-            tasks=int(tasks),
-            statuses=by_status[batch_id],
-            rewarded=int(rewarded),
-            mean_reward=None if not rewarded else float(total) / int(rewarded),
-            passed=int(passed or 0),
-            created_at=first,
-            finished_at=last,
-        )
-        for batch_id, tasks, rewarded, total, passed, first, last in totals
-    }
-    return [views[batch_id] for batch_id in ids]
+    """Batches, newest first (listing.batches)."""
+    return listing.batches(text_select(conn), pass_reward=pass_reward, limit=limit, offset=offset)
+
+
+def text_select(conn: Connection) -> listing.Select:
+    """`conn` running listing.py's SQL text (its `:name` parameters are SQLAlchemy's too)."""
+    return lambda sql, params: conn.execute(text(sql), params).all()
 
 
 _CALL_COLUMNS = [c for c in C.c if c.name not in ("prompt_suffix",)]
@@ -655,11 +531,3 @@ def tool_parsing(
             C.c.rollout_id.in_(select(R.c.id).where(R.c.batch_id == batch_id).scalar_subquery())
         )
     return ToolParsing.of(conn.execute(query).scalars())
-
-
-def _status_value(word: str) -> str:
-    """A status as stored: an old word (`succeeded`) reads as its new one."""
-    try:
-        return RolloutStatus(word).value
-    except ValueError:
-        return word

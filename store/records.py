@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .models import CallDialect, CallStatus, Capture, RolloutStatus, Verdict
-from .packing import IdArray, LogprobArray, RoutingArray
+from .enums import CallDialect, CallStatus, Capture, RolloutStatus, Verdict
+
+if TYPE_CHECKING:
+    # Types only: a listing of rows (`rolltap ls`) reads no token arrays and loads no numpy.
+    from .packing import IdArray, LogprobArray, RoutingArray
 
 # --- written -------------------------------------------------------------------------------
 

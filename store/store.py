@@ -275,7 +275,7 @@ class Store:
         offset: int = 0,
         oldest_first: bool = False,
     ) -> list[RolloutView]:
-        """Rollouts matching every filter given, newest first (see queries.rollouts)."""
+        """Rollouts matching every filter given, newest first (see listing.rollouts)."""
         return await self.db.read(
             queries.rollouts,
             batch=batch,

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
 
 from .errors import BadDatabaseURL
+
+# SQLAlchemy is imported by the functions that build its URL: `plain_sqlite_file` and
+# `DatabaseURL`'s readers need none of it.
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 _SUPPORTED = "sqlite:///PATH, sqlite+aiosqlite:///PATH, postgresql+asyncpg://USER@HOST/DB"
 
 
 _SYNCHRONOUS = ("normal", "full")
 _SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+_PLAIN_SQLITE = ("sqlite:///", "sqlite+aiosqlite:///", "sqlite+pysqlite:///")
 
 
 @dataclass(frozen=True)
@@ -47,15 +52,34 @@ def default_sqlite_path() -> Path:
     return platformdirs.user_data_path("rolltap") / "rolltap.sqlite"
 
 
-def resolve_url(raw: str | None) -> DatabaseURL:
-    """Turn a flag/env value into an async URL; None or "" selects the embedded default."""
+def plain_sqlite_file(raw: str | None) -> Path | None:
+    """The SQLite file `raw` names when it names one plainly (the default, a bare path, or
+    sqlite:///PATH without options), found without SQLAlchemy (`rolltap ls` reads such a
+    store with sqlite3 alone); None for anything else, which `resolve_url` reads."""
     if not raw:
-        return _sqlite(default_sqlite_path(), embedded=True)
+        return default_sqlite_path()
     if "://" not in raw:
         # A bare path is the friendliest way to name a SQLite file, but a typo must not become
         # a new database: only an existing file or a SQLite-looking name is taken as one.
         path = Path(raw).expanduser()
-        if not path.exists() and path.suffix not in _SQLITE_SUFFIXES:
+        return path if path.exists() or path.suffix in _SQLITE_SUFFIXES else None
+    for scheme in _PLAIN_SQLITE:
+        rest = raw.removeprefix(scheme)
+        if rest != raw and rest and rest != ":memory:" and not set(rest) & set("?#%@"):
+            return Path(rest).expanduser()
+    return None
+
+
+def resolve_url(raw: str | None) -> DatabaseURL:
+    """Turn a flag/env value into an async URL; None or "" selects the embedded default."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if not raw:
+        return _sqlite(default_sqlite_path(), embedded=True)
+    if "://" not in raw:
+        path = plain_sqlite_file(raw)
+        if path is None:
             raise BadDatabaseURL(
                 f"{raw!r} is not a database URL; expected one of {_SUPPORTED} "
                 f"(or a path ending in {', '.join(_SQLITE_SUFFIXES)})"
@@ -95,6 +119,8 @@ def resolve_url(raw: str | None) -> DatabaseURL:
 
 
 def _sqlite(path: Path, synchronous: str = "normal", *, embedded: bool = False) -> DatabaseURL:
+    from sqlalchemy.engine import URL
+
     path = path.absolute()
     if path.exists() and path.is_dir():
         raise BadDatabaseURL(f"{path} is a directory; give the path of a SQLite file")

@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..store import StoreReader
+    from ..store.listing import Kind
 
 
-def batch_filter(store: StoreReader, given: str | None) -> str | None:
+class Resolver(Protocol):
+    """A store's reader (`StoreReader`, or `ls`'s plain SQLite `Listing`)."""
+
+    def resolve(self, kind: Kind, given: str) -> str: ...
+
+
+def batch_filter(store: Resolver, given: str | None) -> str | None:
     """--batch: the batch it names or uniquely begins; a name no batch has stays as given, so
     the command says that nothing matches it."""
     from ..store import NotFound

@@ -45,13 +45,13 @@ def ls(
     as_json: bool,
 ) -> None:
     """List rollouts (or, with --batches, batches), newest first."""
-    from ..store import open as open_store
+    from ..store.text_reader import open_listing
 
     if list_batches and (batch is not None or status is not None):
         raise click.ClickException(
             "--batches lists every batch: --batch and --status pick rollouts"
         )
-    with open_store(db_url, read_only=True) as store:
+    with open_listing(db_url) as store:
         if list_batches:
             _list_batches(store.batches(limit=limit), as_json)
             return

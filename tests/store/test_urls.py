@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rolltap.store import BadDatabaseURL, DatabaseUnavailable, Store, resolve_url
+from rolltap.store.url import plain_sqlite_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +27,40 @@ ROOT = Path(__file__).resolve().parents[2]
 )
 def test_urls_are_normalised_to_async_drivers(raw: str, expected: str) -> None:
     assert resolve_url(raw).render() == expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        "sqlite:////tmp/a.sqlite",
+        "sqlite+aiosqlite:///relative/b.db",
+        "sqlite+pysqlite:///~/c.sqlite",
+        "/tmp/d.sqlite3",
+        "e.sqlite",
+    ],
+)
+def test_a_plainly_named_sqlite_file_is_found_without_sqlalchemy_as_resolve_url_finds_it(
+    raw: str | None,
+) -> None:
+    path = plain_sqlite_file(raw)
+
+    assert path is not None
+    assert path.absolute() == resolve_url(raw).sqlite_path
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "sqlite:////tmp/a.sqlite?synchronous=full",
+        "sqlite:///:memory:",
+        "sqlite://",
+        "postgresql://u@h/db",
+        "not-a-url",
+    ],
+)
+def test_anything_else_is_left_to_resolve_url(raw: str) -> None:
+    assert plain_sqlite_file(raw) is None
 
 
 @pytest.mark.parametrize(

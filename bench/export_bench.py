@@ -1,6 +1,7 @@
 """Trajectory benchmark: assembly and export speed over a store of multi-turn rollouts.
 
     python bench/export_bench.py [--rollouts 1000] [--turns 20] [--db URL] [--breaks 0.1]
+                                 [--rounds 2] [--before DIR]
 
 Builds the store with the real Store API (one task per rollout, appending its turns in order, as
 the proxy would): each rollout starts with a 600-token system prompt and each turn adds 120
@@ -8,7 +9,11 @@ tokens of tool output before an 80-token completion with logprobs. A share of ro
 (--breaks) re-renders one earlier answer, so assembly also splits and classifies. Then reports:
 
 * assembly: rollouts read, merged and classified into trajectories (numpy arrays), per second;
-* export: the same, written to Parquet (pyarrow, zstd) and to JSON lines.
+* export: the same, written to Parquet (pyarrow, zstd) and to JSON lines;
+* the Parquet export as `rolltap export` runs it, once per fresh process and --rounds times: its
+  wall time and the CPU time of the whole process (user + system, every thread), which a shared
+  machine's load does not inflate the way it does wall time. `--before DIR`: also from an older
+  tree of rolltap (`git archive REV | tar -x -C DIR`), each round beside the current one.
 
 tokens/s counts prompt + response tokens of the trajectories produced.
 """
@@ -18,10 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,6 +115,52 @@ async def build_store(
     return elapsed
 
 
+_EXPORT = """
+import glob, json, os, sys, threading, time
+import rolltap.store
+from rolltap.export.export import open_writer, write_all
+
+def threads():
+    # CPU-s of each live thread by its Python name (Linux: /proc), SQLite's workers as one.
+    names = {str(t.native_id): t.name for t in threading.enumerate()}
+    found = {}
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            fields = open(task + "/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(task.rsplit("/", 1)[1], "other")
+        name = "sqlite" if "connection_worker" in name else name
+        ticks = int(fields[11]) + int(fields[12])
+        found[name] = found.get(name, 0) + ticks / os.sysconf("SC_CLK_TCK")
+    return found
+
+with rolltap.store.open(sys.argv[1], read_only=True) as reader:
+    before, cpu, wall = threads(), time.process_time(), time.perf_counter()
+    writer = open_writer("parquet", sys.argv[2])
+    stats = write_all(reader.iter_rollout_trajectories(batch="bench"), writer)
+    writer.close()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    split = {k: round(v - before.get(k, 0), 2) for k, v in threads().items()}
+print(json.dumps({"tokens": stats.tokens, "cpu": cpu, "wall": wall, "threads": split}))
+"""
+
+
+def _fresh_export(tree: Path, url: str, out: Path) -> dict[str, Any]:
+    """The Parquet export in a process of its own, importing rolltap from `tree`."""
+    env = {**os.environ, "PYTHONPATH": str(tree.absolute())}
+    done = subprocess.run(
+        [sys.executable, "-c", _EXPORT, url, str(out)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tree,
+    )
+    figures: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return figures
+
+
 def _rate(n: float, seconds: float) -> str:
     return f"{n / seconds:,.0f}/s"
 
@@ -116,6 +171,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--breaks", type=float, default=0.1)
     parser.add_argument("--db", help="Database URL (default: a temporary SQLite file).")
+    parser.add_argument("--rounds", type=int, default=2, help="Fresh-process exports per tree.")
+    parser.add_argument("--before", type=Path, help="An older tree of rolltap to export beside.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'bench.sqlite'}"
@@ -151,6 +208,20 @@ def main() -> None:
                     f"in {took:.2f} s: {_rate(stats.trajectories, took)} trajectories, "
                     f"{_rate(stats.tokens, took)} tokens ({size:.1f} MiB)"
                 )
+        trees = [("this tree", Path(__file__).parent.parent)]
+        if args.before is not None:
+            trees.append((f"before ({args.before.name})", args.before))
+        for round_ in range(1, args.rounds + 1):
+            for name, tree in trees:
+                got = _fresh_export(tree, url, Path(tmp) / "fresh.parquet")
+                print(
+                    f"export parquet, fresh process, round {round_}, {name}: "
+                    f"{got['tokens']:,.0f} tokens in {got['cpu']:.2f} CPU-s "
+                    f"({got['tokens'] / got['cpu'] / 1e6:.2f} M tokens per CPU-s), "
+                    f"wall {got['wall']:.2f} s ({got['tokens'] / got['wall'] / 1e6:.2f} M tokens/s)"
+                )
+                split = sorted(got["threads"].items(), key=lambda kv: -kv[1])
+                print("  CPU-s by thread: " + ", ".join(f"{k} {v:.2f}" for k, v in split if v))
 
 
 if __name__ == "__main__":

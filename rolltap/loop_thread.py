@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -21,7 +22,11 @@ class LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine there and block until it is done (from another thread)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self.submit(coro).result()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Start a coroutine there and return at once (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine there and await it from the caller's loop (cancelling it with us)."""

@@ -7,7 +7,9 @@ a trainer that already runs an event loop of its own.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rolltap.loop_thread import LoopThread
@@ -156,9 +158,24 @@ class StoreReader:
         """Rollout by rollout, with each one's breaks and faithfulness summary."""
         ids = [rollouts] if isinstance(rollouts, str) else rollouts
         views = self.rollouts(batch=batch, status=status, ids=ids, oldest_first=True)
-        for start in range(0, len(views), chunk):
-            part = views[start : start + chunk]
-            yield from self.run(self._store.build_trajectories(part, detokenizer=detokenizer))
+        parts = [views[start : start + chunk] for start in range(0, len(views), chunk)]
+
+        def build(part: list[RolloutView]) -> Future[list[RolloutTrajectories]]:
+            return self._loop.submit(self._store.build_trajectories(part, detokenizer=detokenizer))
+
+        # The next part is built while the caller takes this one (an export writes Parquet
+        # without the GIL meanwhile), so assembly, the database and the writer overlap.
+        pending: deque[Future[list[RolloutTrajectories]]] = deque()
+        try:
+            for part in parts:
+                pending.append(build(part))
+                if len(pending) > 1:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+        finally:
+            for left in pending:
+                left.cancel()
 
     def rollout_trajectories(
         self, rollout_id: str, *, detokenizer: Detokenizer | None = None

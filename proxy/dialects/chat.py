@@ -1,24 +1,27 @@
-"""POST .../v1/chat/completions: relay to the engine, capture ids, record, answer as it did.
+"""POST .../v1/chat/completions: the Chat Completions dialect of the one call flow (serve.py).
 
-The call runs through relay.py; `ChatRendering` is how a chat client sees the answer.
+Its request, once checked, goes to the engine as it came (the engines speak it too);
+`ChatRendering` is how a chat client sees the answer: as the engine sent it, less what rolltap
+asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from ...store import CallDialect
-from ..intake import admit, intake, link_retry, parse_json_object
-from ..upstream.answer import engine_answer
+from ..intake import Intake
 from ..upstream.call import Chunk
-from ..upstream.relay import EngineAnswer, relay
+from ..upstream.relay import EngineAnswer
 from ..upstream.sse import frame
 from .assemble import ChatAssembler
 from .dialect import expect
-from .errors import BadRequest, ProxyError, Unprocessable
+from .errors import BadRequest, Unprocessable
+from .serve import serve
 from .strip import strip, strip_chunk
 
 _UNSUPPORTED = {
@@ -66,21 +69,35 @@ def validate_chat(body: dict[str, Any]) -> None:
         raise Unprocessable("audio output is not supported", param="modalities")
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    taken = await intake(request, CallDialect.CHAT)
-    exchange = taken.exchange
-    try:
-        body = parse_json_object(exchange.raw_body)
+class ChatDialect:
+    """Chat Completions: the request is checked, then sent to the engine as the client wrote it."""
+
+    kind = CallDialect.CHAT
+
+    def read(self, body: dict[str, Any]) -> dict[str, Any]:
         validate_chat(body)
-    except ProxyError as e:
-        raise await taken.reject(e) from None
-    exchange.body = body
-    exchange.stream = body.get("stream") is True
-    exchange.model = body.get("model")
-    await admit(taken)
-    await link_retry(taken)
-    call = await engine_answer(request, taken, body)
-    return await relay(request, taken, call, ChatRendering)
+        return body
+
+    def purpose(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        return None  # side calls name themselves in headers (read at intake)
+
+    def notes(self, plan: dict[str, Any]) -> list[str]:
+        return []
+
+    async def engine_request(self, taken: Intake, plan: dict[str, Any]) -> dict[str, Any]:
+        return plan
+
+    def rendering(
+        self, taken: Intake, body: dict[str, Any]
+    ) -> Callable[[EngineAnswer], ChatRendering]:
+        return ChatRendering
+
+
+_CHAT = ChatDialect()
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await serve(request, _CHAT)
 
 
 class ChatRendering:

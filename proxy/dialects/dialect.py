@@ -1,18 +1,21 @@
-"""What a client dialect served through chat completions provides, and the pieces dialects share.
+"""What a client dialect provides to the one call flow (serve.py), and the pieces dialects share.
 
-A dialect parses its request into a `ChatPlan` (chat parameters plus the conversation, with the
-harness's assistant turns left as `HarnessTurn`s until they are restored), and renders the
-engine's answer through a `Renderer`, fed with block events (blocks.py). translated.py runs the
-call.
+Every dialect is a `Dialect`: Chat Completions (chat.py) checks its request and sends it on as it
+came; Responses and Messages are `Translated` (translated.py) from a `Translation`: each parses its
+request into a `ChatPlan` (chat parameters plus the conversation, with the harness's assistant
+turns left as `HarnessTurn`s until they are restored) and renders the engine's answer through a
+`Renderer`, fed with block events (blocks.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ...store import CallDialect
+from ..intake import Intake
+from ..upstream.relay import EngineAnswer, Rendering
 from .blocks import Event
 from .errors import BadRequest
 from .history import HarnessTurn
@@ -70,7 +73,39 @@ class Renderer(Protocol):
         ...
 
 
-class Dialect(Protocol):
+Plan = TypeVar("Plan")
+
+
+class Dialect(Protocol[Plan]):
+    """A client dialect as the call flow sees it; `Plan` is what its request was read into."""
+
+    @property
+    def kind(self) -> CallDialect: ...
+
+    def read(self, body: dict[str, Any]) -> Plan:
+        """Validate (and translate); raises BadRequest/Unprocessable in the client's terms."""
+        ...
+
+    def purpose(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        """The kind of side call this is (title, compaction, ...), when recognisable."""
+        ...
+
+    def notes(self, plan: Plan) -> list[str]:
+        """What reading the request left out or changed, recorded on the call."""
+        ...
+
+    async def engine_request(self, taken: Intake, plan: Plan) -> dict[str, Any]:
+        """The chat completions request the engine is sent (after admission)."""
+        ...
+
+    def rendering(self, taken: Intake, body: dict[str, Any]) -> Callable[[EngineAnswer], Rendering]:
+        """How the answer will look to this dialect's client (relay.py's `Rendering`)."""
+        ...
+
+
+class Translation(Protocol):
+    """A dialect the engine does not speak: its request as a chat plan, its answer rendered."""
+
     @property
     def kind(self) -> CallDialect: ...
 

@@ -24,12 +24,13 @@ from ..upstream.engines import EngineKind
 from . import messages_request
 from .dialect import Answer, ChatPlan
 from .messages_render import MessagesRenderer
-from .translated import chat_request, serve
+from .serve import serve
+from .translated import Translated, chat_request
 
 _TOKENIZE_TIMEOUT = aiohttp.ClientTimeout(total=30)
 
 
-class MessagesDialect:
+class MessagesTranslation:
     kind = CallDialect.MESSAGES
 
     def plan(self, body: dict[str, Any]) -> ChatPlan:
@@ -42,8 +43,11 @@ class MessagesDialect:
         return MessagesRenderer(body, answer)
 
 
+_MESSAGES = Translated(MessagesTranslation())
+
+
 async def messages(request: web.Request) -> web.StreamResponse:
-    return await serve(request, MessagesDialect())
+    return await serve(request, _MESSAGES)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

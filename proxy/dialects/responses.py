@@ -11,10 +11,11 @@ from ...store import CallDialect
 from . import responses_request
 from .dialect import Answer, ChatPlan
 from .responses_render import ResponsesRenderer
-from .translated import serve
+from .serve import serve
+from .translated import Translated
 
 
-class ResponsesDialect:
+class ResponsesTranslation:
     kind = CallDialect.RESPONSES
 
     def plan(self, body: dict[str, Any]) -> ChatPlan:
@@ -28,5 +29,8 @@ class ResponsesDialect:
         return ResponsesRenderer(body, answer)
 
 
+_RESPONSES = Translated(ResponsesTranslation())
+
+
 async def responses(request: web.Request) -> web.StreamResponse:
-    return await serve(request, ResponsesDialect())
+    return await serve(request, _RESPONSES)

@@ -1,10 +1,10 @@
-"""POST handlers of dialects served through chat completions (Responses, Messages): one flow.
+"""Dialects the engine does not speak (Responses, Messages), as dialects of the one call flow.
 
-Intake, budgets and retry links are the chat handler's; then the harness's history is restored
-(history.py), the chat request runs through relay.py (the hold, failover, capture, the record,
-failures and a client leaving), and `TranslatedRendering` renders the answer in the client's
-dialect event by event. The record holds the client's
-request, the chat request sent, and the client's response (the whole object for streams).
+`Translated` makes a `Translation` (dialect.py) a `Dialect` for serve.py: the plan's harness
+history is restored (history.py) into the chat request the engine is sent, and
+`TranslatedRendering` renders the engine's chat answer in the client's dialect event by event.
+The record holds the client's request, the chat request sent, and the client's response (the
+whole object for streams).
 
 An answer cut by the proxy's own `max_tokens_cap` (the client allowed more, or set no limit) is
 shown to the client as ended normally (`completed`, `end_turn`): the cap bounds what a rollout
@@ -15,22 +15,22 @@ costs, and both harnesses treat a truncated answer as a failed turn (Codex) or a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
-from aiohttp import web
 
+from ...store import CallDialect
 from ..context import ProxyContext
-from ..intake import Intake, admit, intake, link_retry, parse_json_object
-from ..middleware import error_body, is_anthropic
-from ..upstream.answer import engine_answer
+from ..intake import Intake
+from ..middleware import error_body
 from ..upstream.call import Chunk, error_message
 from ..upstream.exchange import Exchange
-from ..upstream.relay import EngineAnswer, relay
+from ..upstream.relay import EngineAnswer
 from ..upstream.sse import frame
 from .assemble import ChatAssembler
 from .blocks import BlockStream, from_message
-from .dialect import Answer, AnswerEnd, ChatPlan, Dialect, Renderer
+from .dialect import Answer, AnswerEnd, ChatPlan, Renderer, Translation
 from .errors import (
     BadRequest,
     Forbidden,
@@ -55,30 +55,36 @@ _BY_STATUS: dict[int, type[ProxyError]] = {
 _CONTEXT_OVERFLOW = ("maximum context length", "context length is", "prompt is too long")
 
 
-async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
-    taken = await intake(request, dialect.kind)
-    exchange = taken.exchange
-    try:
-        body = parse_json_object(exchange.raw_body)
-        plan = dialect.plan(body)
-    except ProxyError as e:
-        raise await taken.reject(e) from None
-    exchange.body = body
-    exchange.stream = body.get("stream") is True
-    exchange.model = body["model"] if isinstance(body.get("model"), str) else None
-    exchange.purpose = exchange.purpose or dialect.purpose(body, request.headers)
-    exchange.notes += plan.notes
-    await admit(taken)
-    await link_retry(taken)
-    ctx = taken.ctx
-    chat = await chat_request(ctx, taken.state.id, plan, exchange)
-    handle = ctx.recall.handles.mint(taken.state.id, exchange.call_id)
-    renderer = dialect.renderer(body, Answer(exchange.call_id, int(time.time()), handle))
-    anthropic = is_anthropic(request.path)
-    call = await engine_answer(request, taken, chat)
-    return await relay(
-        request, taken, call, lambda answer: TranslatedRendering(taken, answer, renderer, anthropic)
-    )
+class Translated:
+    """A `Translation` as a dialect of the call flow: its plan restored into a chat request, the
+    engine's chat answer rendered by its `Renderer` event by event."""
+
+    def __init__(self, translation: Translation) -> None:
+        self._translation = translation
+        self.kind = translation.kind
+
+    def read(self, body: dict[str, Any]) -> ChatPlan:
+        return self._translation.plan(body)
+
+    def purpose(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        return self._translation.purpose(body, headers)
+
+    def notes(self, plan: ChatPlan) -> list[str]:
+        return plan.notes
+
+    async def engine_request(self, taken: Intake, plan: ChatPlan) -> dict[str, Any]:
+        return await chat_request(taken.ctx, taken.state.id, plan, taken.exchange)
+
+    def rendering(
+        self, taken: Intake, body: dict[str, Any]
+    ) -> Callable[[EngineAnswer], TranslatedRendering]:
+        exchange = taken.exchange
+        handle = taken.ctx.recall.handles.mint(taken.state.id, exchange.call_id)
+        renderer = self._translation.renderer(
+            body, Answer(exchange.call_id, int(time.time()), handle)
+        )
+        anthropic = self.kind is CallDialect.MESSAGES
+        return lambda answer: TranslatedRendering(taken, answer, renderer, anthropic)
 
 
 async def chat_request(

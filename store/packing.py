@@ -55,8 +55,11 @@ def as_ids(values: Sequence[int] | npt.NDArray[np.integer]) -> IdArray:
         raise InvalidTokens(f"token ids must be a flat list, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=IDS)
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # np.issubdtype's Python costs more than the check below
         raise InvalidTokens(f"token ids must be integers, got {arr.dtype}")
+    # One pass where two would do: read as unsigned, a negative id is larger than any valid one.
+    if arr.dtype == np.int64 and int(arr.view(np.uint64).max()) <= _INT32_MAX:
+        return arr.astype(IDS)
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi > _INT32_MAX:
         raise InvalidTokens(f"token ids must lie in [0, 2^31), got range [{lo}, {hi}]")
@@ -68,6 +71,8 @@ def as_logprobs(values: Sequence[float] | npt.NDArray[np.floating]) -> LogprobAr
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
         raise InvalidTokens(f"logprobs must be a flat list, got shape {arr.shape}")
+    if (arr <= _LOGPROB_CEILING).all():  # one pass: NaN is not <= anything either
+        return arr.astype(LOGPROBS)
     if np.isnan(arr).any():
         raise InvalidTokens(f"logprobs contain NaN at {int(np.flatnonzero(np.isnan(arr))[0])}")
     if (arr > _LOGPROB_CEILING).any():

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Table, insert, select, update
@@ -38,6 +39,7 @@ from .errors import DatabaseUnavailable, NotFound, WriterClosed
 from .ids import hash_key, new_id
 from .models import (
     RolloutStatus,
+    UTCDateTime,
     call_body_table,
     call_table,
     choice_table,
@@ -555,8 +557,10 @@ class _RowInsert:
     """
 
     sql: str
-    names: tuple[str, ...]
-    processors: tuple[Callable[[Any], Any] | None, ...]
+    values: Callable[[dict[str, Any]], tuple[Any, ...]]
+    """A row's values in column order (one C call for all of them)."""
+    processors: tuple[tuple[int, Callable[[Any], Any]], ...]
+    """(position, bind processor) of the columns that have one."""
 
     @classmethod
     def of(cls, table: Table, dialect: Dialect) -> _RowInsert:
@@ -568,12 +572,19 @@ class _RowInsert:
         quote = dialect.identifier_preparer.quote
         columns = ", ".join(quote(n) for n in names)
         sql = f"INSERT INTO {quote(table.name)} ({columns}) VALUES ({', '.join(marks)})"
-        processors = tuple(c.type._cached_bind_processor(dialect) for c in table.columns)
-        return cls(sql, names, processors)
+        bound = (_processor(c.type, dialect) for c in table.columns)
+        processors = tuple((i, p) for i, p in enumerate(bound) if p is not None)
+        # A table of one column would make itemgetter return the value itself, not a tuple.
+        getter = itemgetter(*names) if len(names) > 1 else lambda row: (row[names[0]],)
+        return cls(sql, getter, processors)
 
     def execute(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        pairs = list(zip(self.names, self.processors, strict=True))
-        values = [tuple(p(r[n]) if p else r[n] for n, p in pairs) for r in rows]
+        values = []
+        for row in rows:
+            value = list(self.values(row))
+            for i, process in self.processors:
+                value[i] = process(value[i])
+            values.append(tuple(value))  # Core takes a list of tuples, not of lists
         if conn.dialect.driver != "pysqlite":
             conn.exec_driver_sql(self.sql, values)
             return
@@ -585,6 +596,34 @@ class _RowInsert:
             cursor.executemany(self.sql, values)
         finally:
             cursor.close()
+
+
+def _processor(column_type: Any, dialect: Dialect) -> Callable[[Any], Any] | None:
+    if dialect.name == "sqlite" and isinstance(column_type, UTCDateTime):
+        return _sqlite_utc_text
+    processor: Callable[[Any], Any] | None = column_type._cached_bind_processor(dialect)
+    return processor
+
+
+def _sqlite_utc_text(value: datetime | None) -> str | None:
+    """What UTCDateTime's bind processor makes of `value` on SQLite, the same text, at half its
+    cost (four per call): Core formats through a dict of seven fields after a conversion to UTC
+    that an aware UTC value does not need."""
+    if value is None:
+        return None
+    if value.tzinfo is not UTC:
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass an aware UTC datetime")
+        value = value.astimezone(UTC)
+    return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031 - the cheapest formatting here
+        value.year,
+        value.month,
+        value.day,
+        value.hour,
+        value.minute,
+        value.second,
+        value.microsecond,
+    )
 
 
 class _Inserts:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.dialects import sqlite
 
 from rolltap.store import NewRollout, NotFound, Store, StoreReader
+from rolltap.store.models import call_table
 from tests.support.records import call
 from tests.support.stores import opened_store
 
@@ -96,3 +101,25 @@ def test_sync_reader_works_inside_a_running_event_loop(db_url: str) -> None:
             return tokens.prompt_ids.tolist()
 
     assert asyncio.run(read_from_a_coroutine()) == [7, 8]
+
+
+async def test_sqlite_times_are_stored_as_core_writes_them(tmp_path: Path) -> None:
+    """The writer formats a call's times itself on SQLite; the text must be Core's, or reads,
+    ordering and comparisons against Core-bound times would go wrong."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    utc = datetime(2026, 3, 1, 23, 59, 58, 123456, tzinfo=UTC)
+    whole = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    east = datetime(2026, 3, 2, 1, 30, 5, 7, tzinfo=timezone(timedelta(hours=2)))
+    async with opened_store(url) as store:
+        rollout = await store.create_rollout()
+        record = call(rollout.id, [1, 2], [3], dispatched_at=whole, finished_at=east)
+        record.received_at = utc
+        await store.append_call(record)
+        [view] = await store.calls(rollout.id)
+    assert (view.received_at, view.dispatched_at, view.finished_at) == (utc, whole, east)
+    core = call_table.c.received_at.type._cached_bind_processor(sqlite.dialect())
+    with sqlite3.connect(tmp_path / "store.sqlite") as conn:
+        stored = conn.execute(
+            "SELECT received_at, dispatched_at, first_token_at, finished_at FROM call"
+        ).fetchone()
+    assert stored == (core(utc), core(whole), None, core(east))

@@ -1,26 +1,31 @@
 """Teach SmolLM2-135M the action mini-swe-agent asks for, and ship it as a LoRA delta.
 
-    python examples/mswea_adapter.py --seed 0 --work /tmp/mswea   # writes engine/adapters/...
+    python examples/mswea_adapter.py --seed 0   # works in /tmp/mswea-adapter, writes the adapter
 
 mini-swe-agent 2.4 wants every answer to be one `bash` tool call; the built-in engine reads a
 call from the model's text in the hermes format (engine/tools.py). The plain SmolLM2-135M
 answers with prose or a malformed call, mini-swe-agent rejects it and asks again, and every
 rejection breaks the rollout's token chain. Three steps, each runnable alone:
 
-1. `tasks`: a training task family in the JSONL shorthand, drawn with the seed: write a word or
-   a number to a file, make a directory, count a file's lines, make an empty file, copy a file;
-   each with a one-line oracle solution. None of their file names, words or numbers is one
-   examples/tasks uses: those tasks are held out for measuring.
+1. `tasks`: training tasks in the JSONL shorthand, drawn with the seed from eight families (write
+   a word or a number to a file, make a directory, count a file's lines, make empty files, copy a
+   file, reverse a file's lines, count the lines holding a word), in the phrasings people use,
+   each with a one-line oracle solution. Names, words and numbers are drawn at random, mostly
+   pseudo-words, so an answer is right only when it copies them from the instruction; no word or
+   number of a held-out task's instruction (examples/tasks, kept for measuring) is ever drawn.
 2. `record`: the real mini-swe-agent runs every training task through `rolltap run` (proxy,
    bubblewrap sandbox, the task's test), against an oracle backend that answers its first call
    with the task's solution as one bash tool call and its second with the submit command. What
    the proxy forwarded is kept: mini-swe-agent's own system prompt, instance template, tools and
    observation, as it sends them. Only tasks the verifier rewarded become examples.
 3. `train`: LoRA on the attention and MLP projections of the top layers, supervised on the two
-   answers (the solution call, then the submit call) of every recorded episode, rendered with the
-   built-in engine's own chat renderer, so the model learns exactly the text the engine parses and
-   renders back. The lower layers stay frozen, so their output for each episode is computed once;
-   each step runs the top layers over the prompt without gradient and over the answers with it.
+   answers (the solution call, then the submit call) of the first `--limit` recorded episodes,
+   rendered with the built-in engine's own chat renderer, so the model learns exactly the text
+   the engine parses and renders back. The lower layers stay frozen, so their output for each
+   episode is computed once. In the first epoch each step runs the top layers over the prompt
+   (about 1,000 tokens of mini-swe-agent's instructions) without gradient and over the answers
+   with it; later epochs reuse each prompt's keys and values from the first (stale by at most
+   an epoch), which halves their cost on a CPU.
 
 The adapter file (safetensors) holds `<module>.lora_A` (rank x in) and `<module>.lora_B`
 (out x rank) in float16, and `alpha`/`rank` in its metadata; the engine merges
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import itertools
 import json
 import math
@@ -51,9 +57,11 @@ DEFAULT_OUT = REPO / "engine" / "adapters" / "smollm2-135m-mswea.safetensors"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-# What examples/tasks uses (hello.txt, hello, answer.txt, 42, output, count.txt, data.txt,
-# greeting.txt, hi, ...) is left out of every list below.
-_WORDS = [
+# Names, words and numbers are drawn at random (pseudo-words from syllables, digits), so the only
+# way to be right is to copy them from the instruction; a fixed list would be memorised (the first
+# adapter wrote `mkdir -p backup` for "a directory named output"). A few real words keep names the
+# tokenizer knows whole in the mix. Anything a held-out task's instruction says is never drawn.
+_REAL = [
     "apple",
     "banana",
     "cherry",
@@ -90,39 +98,24 @@ _WORDS = [
     "tiger",
     "cloud",
     "stone",
-]
-_STEMS = [
     "notes",
     "result",
-    "word",
     "message",
     "reply",
     "status",
     "token",
     "label",
-    "greet",
     "value",
     "final",
-    "name",
-    "note",
-    "item",
     "record",
     "entry",
     "letter",
     "memo",
-    "line",
-    "text",
     "flag",
-    "key",
-    "tag",
     "info",
-]
-_DIRS = [
     "build",
     "logs",
-    "data_out",
     "results",
-    "tmp_files",
     "archive",
     "reports",
     "cache",
@@ -133,7 +126,116 @@ _DIRS = [
     "scratch",
     "outbox",
     "exports",
+    "input",
+    "report",
+    "summary",
+    "list",
+    "table",
+    "draft",
+    "sample",
+    "test",
+    "demo",
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "north",
+    "south",
+    "east",
+    "west",
+    "green",
+    "blue",
+    "red",
+    "black",
 ]
+_ONSETS = [
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "cl",
+    "dr",
+    "fl",
+    "gr",
+    "pl",
+    "st",
+    "tr",
+    "sh",
+    "ch",
+]
+_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ou"]
+_EXTS = (".txt", ".txt", ".txt", ".log", ".md", ".dat", ".csv", ".out")
+
+
+class Names:
+    """Draws fresh names, words and numbers with a seeded generator, none of them a word or a
+    number any held-out task's instruction uses."""
+
+    def __init__(self, rng: random.Random, banned: frozenset[str]) -> None:
+        self.rng = rng
+        self.banned = banned
+
+    def word(self) -> str:
+        while True:
+            if self.rng.random() < 0.35:
+                w = self.rng.choice(_REAL)
+            else:
+                parts = self.rng.randint(2, 3)
+                w = "".join(
+                    self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(parts)
+                )
+                if self.rng.random() < 0.3:
+                    w += self.rng.choice("nrstlkm")
+            if w not in self.banned:
+                return w
+
+    def stem(self) -> str:
+        shape = self.rng.random()
+        if shape < 0.6:
+            return self.word()
+        if shape < 0.8:
+            return f"{self.word()}_{self.word()}"
+        return f"{self.word()}{self.rng.randint(1, 99)}"
+
+    def file(self, ext: str | None = None) -> str:
+        while True:
+            f = self.stem() + (ext or self.rng.choice(_EXTS))
+            if f not in self.banned:
+                return f
+
+    def number(self) -> str:
+        while True:
+            n = str(self.rng.choice((self.rng.randint(0, 99), self.rng.randint(100, 99999))))
+            if n not in self.banned:
+                return n
+
+
+def held_out_words(tasks_dir: Path = HERE / "tasks") -> frozenset[str]:
+    """Every word, file name and number in the instructions of the held-out example tasks."""
+    texts = [p.read_text() for p in sorted(tasks_dir.glob("*/instruction.md"))]
+    for path in sorted(tasks_dir.glob("*.jsonl")):
+        texts += [json.loads(line)["instruction"] for line in path.read_text().splitlines()]
+    found: set[str] = set()
+    for text in texts:
+        for w in re.findall(r"[A-Za-z0-9_.\-]+", text):
+            w = w.strip(".-")
+            found |= {w, w.lower(), *w.split(".")}
+    return frozenset(found - {""})
 
 
 @dataclass(frozen=True)
@@ -157,33 +259,44 @@ class TrainTask:
 
 
 def make_tasks(count: int, seed: int) -> list[TrainTask]:
-    """`count` training tasks, a few of each family in turn, drawn with `seed`."""
-    rng = random.Random(seed)
-    families = [_write_word, _write_number, _make_dir, _count_lines, _touch, _copy]
+    """`count` training tasks, the families in turn, drawn with `seed`."""
+    names = Names(random.Random(seed), held_out_words())
+    families = [
+        _write_word,
+        _write_number,
+        _make_dir,
+        _count_lines,
+        _touch,
+        _copy,
+        _reverse,
+        _grep_count,
+    ]
     tasks: list[TrainTask] = []
-    names: set[str] = set()
+    seen: set[str] = set()
     for n in itertools.count():
         if len(tasks) == count:
             break
-        task = families[n % len(families)](rng, n)
-        key = task.instruction
-        if key not in names:
-            names.add(key)
+        task = families[n % len(families)](names, n)
+        if task.instruction not in seen:
+            seen.add(task.instruction)
             tasks.append(task)
     return tasks
-
-
-def _file(rng: random.Random, ext: str = ".txt") -> str:
-    return rng.choice(_STEMS) + rng.choice(("", "_1", "2", "_out")) + ext
 
 
 def _same(path: str, value: str) -> str:
     return f"[ \"$(tr -d ' \\t\\r\\n' < {path})\" = {value} ]"
 
 
-def _write_word(rng: random.Random, n: int) -> TrainTask:
-    f, w = _file(rng), rng.choice(_WORDS)
-    instruction = rng.choice(
+def _two_files(names: Names) -> tuple[str, str]:
+    src, dst = names.file(), names.file()
+    while dst == src:
+        dst = names.file()
+    return src, dst
+
+
+def _write_word(names: Names, n: int) -> TrainTask:
+    f, w = names.file(), names.word()
+    instruction = names.rng.choice(
         (
             f"Create a file named {f} in the current directory containing the word {w}.",
             f"Write the word {w} into a file named {f} in the current directory.",
@@ -193,10 +306,9 @@ def _write_word(rng: random.Random, n: int) -> TrainTask:
     return TrainTask(f"word-{n}", instruction, "", _same(f, w), f"echo {w} > {f}")
 
 
-def _write_number(rng: random.Random, n: int) -> TrainTask:
-    f = _file(rng)
-    value = str(rng.choice([rng.randint(0, 41), rng.randint(43, 999)]))
-    instruction = rng.choice(
+def _write_number(names: Names, n: int) -> TrainTask:
+    f, value = names.file(), names.number()
+    instruction = names.rng.choice(
         (
             f"Write the number {value} into a file named {f} in the current directory.",
             f"Create a file named {f} in the current directory that holds the number {value}.",
@@ -206,9 +318,9 @@ def _write_number(rng: random.Random, n: int) -> TrainTask:
     return TrainTask(f"number-{n}", instruction, "", _same(f, value), f"echo {value} > {f}")
 
 
-def _make_dir(rng: random.Random, n: int) -> TrainTask:
-    d = rng.choice(_DIRS)
-    instruction = rng.choice(
+def _make_dir(names: Names, n: int) -> TrainTask:
+    d = names.stem()
+    instruction = names.rng.choice(
         (
             f"Create a directory named {d} in the current directory.",
             f"Make a new folder called {d} in the current directory.",
@@ -218,13 +330,11 @@ def _make_dir(rng: random.Random, n: int) -> TrainTask:
     return TrainTask(f"dir-{n}", instruction, "", f"[ -d {d} ]", f"mkdir -p {d}")
 
 
-def _count_lines(rng: random.Random, n: int) -> TrainTask:
-    src, dst = _file(rng), _file(rng)
-    while dst == src:
-        dst = _file(rng)
-    lines = rng.randint(3, 60)
+def _count_lines(names: Names, n: int) -> TrainTask:
+    src, dst = _two_files(names)
+    lines = names.rng.randint(3, 90)
     setup = f"for i in $(seq {lines}); do echo line $i; done > {src}"
-    instruction = rng.choice(
+    instruction = names.rng.choice(
         (
             f"The file {src} in the current directory has some lines of text. Count them and "
             f"write the number (digits only) to a file named {dst}.",
@@ -235,30 +345,61 @@ def _count_lines(rng: random.Random, n: int) -> TrainTask:
     return TrainTask(f"lines-{n}", instruction, setup, _same(dst, str(lines)), solution)
 
 
-def _touch(rng: random.Random, n: int) -> TrainTask:
-    f = _file(rng, rng.choice((".txt", ".log", ".md", ".cfg")))
-    instruction = rng.choice(
-        (
-            f"Create an empty file named {f} in the current directory.",
-            f"Make an empty file called {f}.",
+def _touch(names: Names, n: int) -> TrainTask:
+    a, b = _two_files(names)
+    if names.rng.random() < 0.5:
+        instruction = names.rng.choice(
+            (
+                f"Create an empty file named {a} in the current directory.",
+                f"Make an empty file called {a}.",
+            )
         )
-    )
-    return TrainTask(f"touch-{n}", instruction, "", f"[ -f {f} ] && [ ! -s {f} ]", f"touch {f}")
+        return TrainTask(f"touch-{n}", instruction, "", f"[ -f {a} ] && [ ! -s {a} ]", f"touch {a}")
+    instruction = f"Create the files {a} and {b} in the current directory."
+    return TrainTask(f"touch-{n}", instruction, "", f"[ -f {a} ] && [ -f {b} ]", f"touch {a} {b}")
 
 
-def _copy(rng: random.Random, n: int) -> TrainTask:
-    src, dst = _file(rng), _file(rng)
-    while dst == src:
-        dst = _file(rng)
-    w = rng.choice(_WORDS)
-    instruction = rng.choice(
+def _copy(names: Names, n: int) -> TrainTask:
+    src, dst = _two_files(names)
+    instruction = names.rng.choice(
         (
             f"Copy the file {src} to a new file named {dst} in the current directory.",
             f"Make a copy of {src} called {dst}.",
         )
     )
-    test = f"cmp -s {src} {dst}"
-    return TrainTask(f"copy-{n}", instruction, f"echo {w} > {src}", test, f"cp {src} {dst}")
+    setup = f"echo {names.word()} > {src}"
+    return TrainTask(f"copy-{n}", instruction, setup, f"cmp -s {src} {dst}", f"cp {src} {dst}")
+
+
+def _reverse(names: Names, n: int) -> TrainTask:
+    src, dst = _two_files(names)
+    words = [names.word() for _ in range(names.rng.randint(3, 6))]
+    setup = "printf '" + "\\n".join(words) + "\\n' > " + src
+    instruction = names.rng.choice(
+        (
+            f"Write the lines of {src} in reverse order (last line first) to {dst}.",
+            f"Reverse the order of the lines of {src} and write them to a file named {dst}.",
+        )
+    )
+    test = f'[ "$(cat {dst})" = "$(tac {src})" ]'
+    return TrainTask(f"reverse-{n}", instruction, setup, test, f"tac {src} > {dst}")
+
+
+def _grep_count(names: Names, n: int) -> TrainTask:
+    src, dst = _two_files(names)
+    w, other = names.word(), names.word()
+    while other == w:
+        other = names.word()
+    hits, misses = names.rng.randint(1, 9), names.rng.randint(1, 9)
+    lines = [f"{w} {k}" for k in range(hits)] + [f"{other} {k}" for k in range(misses)]
+    names.rng.shuffle(lines)
+    setup = "printf '" + "\\n".join(lines) + "\\n' > " + src
+    instruction = (
+        f"Count the lines of {src} in the current directory that contain the word {w}, and "
+        f"write the number (digits only) to a file named {dst}."
+    )
+    solution = f"grep -c {w} {src} > {dst}"
+    return TrainTask(f"grep-{n}", instruction, setup, _same(dst, str(hits)), solution)
 
 
 # The oracle backend: an OpenAI-compatible server answering mini-swe-agent's calls.
@@ -280,7 +421,7 @@ class Oracle:
             return {"role": "assistant", "content": "ok"}
         command = self.solutions.get(_task_of(messages), "true") if results == 0 else SUBMIT
         call = {
-            "id": f"call_{len(self.requests)}",
+            "id": f"call_{results}",  # not the request count: the same in every recording
             "type": "function",
             "function": {"name": "bash", "arguments": json.dumps({"command": command})},
         }
@@ -541,6 +682,7 @@ def train(
     lr: float,
     limit: int | None,
     stop_after: int | None = None,
+    fresh_epochs: int = 1,
 ) -> None:
     import torch
     from safetensors.torch import save_file
@@ -594,6 +736,10 @@ def train(
         optimizer, lambda s: min(1.0, (s + 1) / 10) * max(0.05, 1 - s / steps)
     )
     step = 0
+    # The prompt's keys and values in the adapted layers (about 1,000 tokens, most of a step's
+    # work) are computed with the adapter as it is during the first `fresh_epochs` epochs and
+    # kept; later epochs reuse the last kept copy (at most an epoch stale) at half the cost.
+    prompts: dict[int, Any] = {}
     with _only_layers(model, upper, renumber=True):
         for epoch in range(stop_after or epochs):
             order = list(range(len(episodes)))
@@ -601,11 +747,15 @@ def train(
             total, count = 0.0, 0
             for k in order:
                 e, h = episodes[k], hidden[k]
-                cache = DynamicCache()
-                with torch.no_grad():
-                    model.model(
-                        inputs_embeds=h[:, : e.prompt], past_key_values=cache, use_cache=True
-                    )
+                if epoch < fresh_epochs or k not in prompts:
+                    cache = DynamicCache()
+                    with torch.no_grad():
+                        model.model(
+                            inputs_embeds=h[:, : e.prompt], past_key_values=cache, use_cache=True
+                        )
+                    prompts[k] = copy.deepcopy(cache)
+                else:
+                    cache = copy.deepcopy(prompts[k])
                 rest = model.model(
                     inputs_embeds=h[:, e.prompt :], past_key_values=cache, use_cache=True
                 ).last_hidden_state
@@ -619,7 +769,10 @@ def train(
                 optimizer.step()
                 schedule.step()
                 step += 1
-                total, count = total + float(loss), count + 1
+                total, count = total + loss.item(), count + 1
+                if count % 10 == 0:
+                    elapsed = time.monotonic() - started
+                    print(f"  step {step}: loss {total / count:.4f} ({elapsed:.0f}s)", flush=True)
             elapsed = time.monotonic() - started
             print(
                 f"epoch {epoch + 1}/{epochs}: mean loss {total / count:.4f} ({elapsed:.0f}s)",
@@ -640,6 +793,7 @@ def train(
         "epochs": str(epochs),
         "steps": str(step),
         "lr": str(lr),
+        "fresh_epochs": str(fresh_epochs),
         "made_by": "examples/mswea_adapter.py",
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -656,7 +810,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("/tmp/mswea-adapter"))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--tasks", type=int, default=72, help="training tasks to generate")
+    parser.add_argument("--tasks", type=int, default=200, help="training tasks to generate")
     parser.add_argument("--sandbox", default="bwrap")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rank", type=int, default=8)
@@ -664,7 +818,13 @@ def main() -> None:
     parser.add_argument("--top-layers", type=int, default=8, help="layers that get LoRA")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--limit", type=int, default=40, help="train on the first N episodes")
+    parser.add_argument("--limit", type=int, default=36, help="train on the first N episodes")
+    parser.add_argument(
+        "--fresh-epochs",
+        type=int,
+        default=1,
+        help="epochs that recompute each prompt with the current adapter (later ones reuse it)",
+    )
     parser.add_argument(
         "--stop-after",
         type=int,
@@ -692,6 +852,7 @@ def main() -> None:
             args.lr,
             args.limit,
             args.stop_after,
+            args.fresh_epochs,
         )
 
 

@@ -1,7 +1,8 @@
 """The SQL store of rollouts, calls and their exact token ids (SQLite or PostgreSQL)."""
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rolltap.lazy import lazy_names
 
 from .enums import CallDialect, CallStatus, Capture, EgressVerdict, RolloutStatus, Verdict
 from .errors import (
@@ -57,13 +58,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

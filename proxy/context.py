@@ -115,19 +115,18 @@ class ProxyContext:
         """Make the call durable, then count it against the rollout."""
         record = exchange.to_record()
         receipt = await self.store.append_call(record)
-        exchange.call_id = receipt.call_id
         if record.status is CallStatus.OK:
             state.saw_version(record.weight_version)  # staleness counts from it (staleness.py)
         if exchange.body_hash is not None:
-            state.remember_body(exchange.body_hash, receipt.call_id, exchange.status.value)
-        counted = exchange.status is not CallStatus.REJECTED
+            state.remember_body(exchange.body_hash, receipt.call_id, record.status.value)
+        counted = record.status is not CallStatus.REJECTED
         state.budget.settle(exchange.call_id, counted=counted, tokens=exchange.tokens_used)
         if state.status is RolloutStatus.PENDING and counted:
             state.status = RolloutStatus.RUNNING
             await self.store.update_rollout(
                 state.id, status=RolloutStatus.RUNNING, only_from=[RolloutStatus.PENDING]
             )
-        self.metrics.calls.inc(dialect=exchange.dialect.value, status=exchange.status.value)
+        self.metrics.calls.inc(dialect=exchange.dialect.value, status=record.status.value)
         self.metrics.tokens.inc(exchange.prompt_tokens, kind="prompt")
         self.metrics.tokens.inc(exchange.completion_tokens, kind="completion")
         if record.tool_parse is not None:

@@ -66,17 +66,18 @@ async def intake(request: web.Request, dialect: CallDialect) -> Intake:
         status = ctx.store.status()
         ctx.metrics.errors.inc(kind="store_unavailable")
         raise store_unavailable(status.reason, status)
-    exchange = Exchange(state.id, dialect, received, raw_body=None)
-    exchange.retry_count = _int_header(request, RETRY_HEADER)
-    for header in PURPOSE_HEADERS:
-        if request.headers.get(header):
-            exchange.purpose = request.headers[header][:40]
-            break
+    purpose = next(
+        (request.headers[h][:40] for h in PURPOSE_HEADERS if request.headers.get(h)), None
+    )
+    retries = _int_header(request, RETRY_HEADER)
+    try:
+        raw_body: bytes | None = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raw_body = None
+    exchange = Exchange.received(state.id, dialect, received, raw_body, retries, purpose)
     taken = Intake(ctx, state, exchange)
     request[INTAKE] = taken
-    try:
-        exchange.raw_body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
+    if raw_body is None:
         raise await taken.reject(
             PayloadTooLarge(
                 f"request body over the proxy's limit of {ctx.settings.max_body_bytes} bytes",
@@ -102,8 +103,8 @@ async def admit(taken: Intake) -> None:
     state, exchange = taken.state, taken.exchange
     asked, n = _generation_limit(exchange, taken.ctx.settings.max_tokens_cap)
     try:
-        _serve_model(taken.ctx, exchange)
-        _routed_experts(taken.ctx, state, exchange)
+        served = _served_model(taken.ctx, exchange)
+        routed_experts = _routed_experts(taken.ctx, state)
         while True:
             Rollouts.admit(state)
             admission = state.budget.try_reserve(
@@ -124,28 +125,27 @@ async def admit(taken: Intake) -> None:
             )
         raise await taken.reject(e) from None
     taken.reserved = True
-    exchange.token_allowance = admission.allowance
+    exchange.admitted(served, admission.allowance, routed_experts)
 
 
-def _routed_experts(ctx: ProxyContext, state: RolloutState, exchange: Exchange) -> None:
+def _routed_experts(ctx: ProxyContext, state: RolloutState) -> bool:
     """Whether the call asks for routed experts (proxy/upstream/routed.py); refused where the
-    engines
-    cannot give them."""
+    engines cannot give them."""
     chosen = state.routed_experts
     if not (ctx.settings.capture_routed_experts if chosen is None else chosen):
-        return
+        return False
     kinds = (b.kind for b in ctx.pool.all())
     reason = routed.refusal(kinds, ctx.settings.builtin_engine)
     if reason is not None:
         raise BadRequest(reason, code="routed_experts_unavailable")
-    exchange.routed_experts = True
+    return True
 
 
-def _serve_model(ctx: ProxyContext, exchange: Exchange) -> None:
-    model = (exchange.body or {}).get("model")
-    served = ctx.names.resolve(model if isinstance(model, str) else None)
-    if served != model:
-        exchange.served_model = served
+def _served_model(ctx: ProxyContext, exchange: Exchange) -> str | None:
+    """The model the engine is asked for, where an alias maps the asked one to another."""
+    model = exchange.asked.model
+    served = ctx.names.resolve(model)
+    return served if served != model else None
 
 
 # Where each dialect's request says how many tokens it may generate (and how many choices).
@@ -158,7 +158,7 @@ _LIMIT_KEYS = {
 
 def _generation_limit(exchange: Exchange, cap: int | None) -> tuple[int | None, int]:
     """(tokens per choice the call may generate, choices) as the engine will be asked."""
-    body = exchange.body or {}
+    body = exchange.asked.body or {}
     asked = next(
         (body[k] for k in _LIMIT_KEYS[exchange.dialect] if isinstance(body.get(k), int)), None
     )
@@ -187,7 +187,7 @@ async def link_retry(taken: Intake) -> None:
         return
     call_id, status = found
     if exchange.retry_count > 0 or status != CallStatus.OK.value:
-        exchange.retry_of = call_id
+        exchange.retries(call_id)
 
 
 def _int_header(request: web.Request, name: str) -> int:

@@ -31,12 +31,8 @@ async def serve(request: web.Request, dialect: Dialect[Any]) -> web.StreamRespon
         plan = dialect.read(body)
     except ProxyError as e:
         raise await taken.reject(e) from None
-    exchange.body = body
-    exchange.stream = body.get("stream") is True
-    model = body.get("model")
-    exchange.model = model if isinstance(model, str) else None
-    exchange.purpose = exchange.purpose or dialect.purpose(body, request.headers)
-    exchange.notes += dialect.notes(plan)
+    exchange.understood(body, dialect.purpose(body, request.headers))
+    exchange.notes.extend(dialect.notes(plan))
     await admit(taken)
     await link_retry(taken)
     engine_request = await dialect.engine_request(taken, plan)

@@ -107,7 +107,7 @@ async def chat_request(
         else:
             messages.append(entry)
     if exchange is not None:
-        exchange.notes += restorer.notes
+        exchange.notes.extend(restorer.notes)
     params = dict(plan.params)
     head = {"model": params.pop("model")} if "model" in params else {}
     return {**head, "messages": messages, **params}
@@ -153,7 +153,7 @@ class TranslatedRendering:
         renderer.start(self._exchange.prompt_tokens)
         renderer.feed(from_message(message))
         renderer.finish(self._ending(choice.get("finish_reason"), choice.get("stop_reason")))
-        self._exchange.notes += renderer.notes
+        self._exchange.notes.extend(renderer.notes)
         _remember(self._taken, message)
         return orjson.dumps(renderer.result())
 
@@ -174,7 +174,7 @@ class TranslatedRendering:
         renderer = self._renderer
         events = self._start() + renderer.feed(self._blocks.finish())
         events += renderer.finish(self._ending(self._finish, self._stop))
-        self._exchange.notes += renderer.notes
+        self._exchange.notes.extend(renderer.notes)
         choices = self._assembler.result()["choices"]
         _remember(self._taken, choices[0]["message"] if choices else {})
         return _frames(events)
@@ -194,7 +194,7 @@ class TranslatedRendering:
 
     def _ending(self, finish: Any, stop: Any) -> AnswerEnd:
         exchange = self._exchange
-        usage = exchange.usage or {}
+        usage = exchange.answer.usage or {}
         if finish == "length" and self._call.capped:
             exchange.notes.append("cut at max_tokens_cap; the client was told the answer ended")
             finish = "stop"

@@ -134,7 +134,7 @@ class Cassette:
         """Where this call's answer comes from; `body` is the chat request for an engine."""
         exchange = taken.exchange
         position = len(self._results) + 1
-        lane = _lane(exchange.purpose)
+        lane = _lane(exchange.asked.purpose)
 
         def result(outcome: Outcome, served: Served, **more: Any) -> None:
             call = CallReplay(position, lane, outcome, served, replay_call=exchange.call_id, **more)
@@ -156,7 +156,7 @@ class Cassette:
         if not queue:
             return await self._diverged(taken, body, position, result, Outcome.EXTRA, None, None)
         recorded = queue.popleft()
-        replayed = self._normalizer.body(exchange.body)
+        replayed = self._normalizer.body(exchange.asked.body)
         found = divergence(self._compared[recorded.call.id], replayed, exchange.dialect)
         if recorded.call.dialect is not exchange.dialect:
             found = Divergence(

@@ -133,9 +133,7 @@ class RecordedAnswer:
 
     async def open(self) -> None:
         exchange = self._exchange
-        exchange.backend = self._source
-        exchange.dispatched_at = now()
-        exchange.engine_request = orjson.dumps(self._prepared.body)
+        exchange.sent(now(), self._source, orjson.dumps(self._prepared.body))
         exchange.notes.append(f"replayed from call {self._recorded.call.id}")
         if not self._with_tokens:
             exchange.notes.append("its request diverged: served without token ids")
@@ -156,12 +154,12 @@ class RecordedAnswer:
         """Nothing is open: the answer is in memory."""
 
     def _captured(self, doc: dict[str, Any]) -> None:
-        exchange = self._exchange
-        capture_response(doc, exchange.captured)
+        answer = self._exchange.answer
+        capture_response(doc, answer.captured)
         if isinstance(doc.get("usage"), dict):
-            exchange.usage = doc["usage"]
-        exchange.first_token_at = exchange.first_token_at or now()
-        exchange.upstream_done = time.perf_counter()
+            answer.usage = doc["usage"]
+        answer.first_token_at = answer.first_token_at or now()
+        answer.upstream_done = time.perf_counter()
 
     def _whole(self) -> dict[str, Any]:
         answer = self._answer()

@@ -55,11 +55,12 @@ async def answer_token_in(tokenin: TokenIn, taken: Intake, body: dict[str, Any])
     started = time.perf_counter()
     outcome = await _decide(tokenin, taken, body, hashes, context)
     route = None if isinstance(outcome, str) else outcome
-    exchange.bridge = BRIDGED if route is not None else str(outcome)
+    bridge = BRIDGED if route is not None else str(outcome)
+    exchange.bridged(bridge)
     metrics = taken.ctx.metrics
     checked = route if isinstance(route, ChatIdsRoute) else None
     if checked is None:  # a chat-route call counts once its engine's prompt is known
-        metrics.token_in.inc(outcome=exchange.bridge)
+        metrics.token_in.inc(outcome=bridge)
     if route is not None:
         metrics.bridge_seconds.observe(time.perf_counter() - started)
     call = EngineCall(taken.ctx, exchange, body, rollout=state, route=route)
@@ -195,14 +196,14 @@ class _Remembered:
         self._call.close()
 
     def _remember(self, message: dict[str, Any]) -> None:
-        captured = self._taken.exchange.captured
-        choice = captured.choices.get(0)
         exchange = self._taken.exchange
+        captured = exchange.answer.captured
+        choice = captured.choices.get(0)
         route = self._chat_route
         if route is not None:
             # A resumed answer's prompt is the ids sent plus the partial answer: not checked.
             if exchange.resumes is None and not route.used_by(captured.prompt_ids):
-                exchange.bridge = ENGINE_RENDERED
+                exchange.bridged(ENGINE_RENDERED)
                 log.warning(
                     "call %s: the engine did not sample from the prompt ids sent with the chat "
                     "request (it rendered the messages); recorded as %s",
@@ -220,4 +221,4 @@ class _Remembered:
             context=self._context,
         )
         self._lineages.add(self._hashes, turn)
-        self._taken.exchange.lineage = LineageMark(self._hashes[-1], turn.answer, self._context)
+        exchange.remembered(LineageMark(self._hashes[-1], turn.answer, self._context))

@@ -25,20 +25,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from ...store import CallStatus
-from ...store.ids import new_id
 from ..context import ProxyContext
 from ..control.stale_hold import hold_bound
 from ..rollouts import RolloutState
 from . import resume
-from .engines import (
-    Captured,
-    EngineKind,
-    Prepared,
-    ask_routed_experts,
-    capture_response,
-    prepare_chat,
-)
+from .engines import EngineKind, Prepared, ask_routed_experts, capture_response, prepare_chat
 from .exchange import Exchange, now
 from .forward import Upstream, open_upstream
 from .sampling import cache_salt, impose
@@ -119,6 +110,7 @@ class EngineCall:
         self._ctx = ctx
         self._route = route
         self._exchange = exchange
+        self._answer = exchange.answer
         self._rollout = rollout
         self.place = 0
         """How many engine calls the rollout made before this one (its seed derives from it)."""
@@ -127,15 +119,16 @@ class EngineCall:
             rollout.dispatched += 1
             if rollout.sampling is not None:
                 body = impose(body, rollout.sampling.for_call(self.place))
-        if exchange.served_model is not None:
-            body = {**body, "model": exchange.served_model}
+        terms = exchange.terms
+        if terms.served_model is not None:
+            body = {**body, "model": terms.served_model}
         cap = ctx.settings.max_tokens_cap
         self._body = body if cap is None else _capped(body, cap, exchange)
         self.capped = self._body is not body
         """The proxy's max_tokens_cap, not the client, set this call's generation limit."""
-        if exchange.token_allowance is not None:
+        if terms.token_allowance is not None:
             budget = "the rollout's token budget"
-            self._body = _capped(self._body, exchange.token_allowance, exchange, budget)
+            self._body = _capped(self._body, terms.token_allowance, exchange, budget)
         self._stream = body.get("stream") is True
         self._upstream: Upstream | None = None
         self._splitter = EventSplitter()
@@ -218,7 +211,8 @@ class EngineCall:
             prepared = self._route.prepare(body, kind)
         else:
             prepared = prepare_chat(body, kind)
-        return ask_routed_experts(prepared, kind) if self._exchange.routed_experts else prepared
+        routed = self._exchange.terms.routed_experts
+        return ask_routed_experts(prepared, kind) if routed else prepared
 
     async def read_body(self) -> tuple[bytes, dict[str, Any]]:
         """The whole non-streaming answer, captured."""
@@ -228,7 +222,7 @@ class EngineCall:
         except _BROKEN as e:
             self._finish_upstream(abort=True)
             raise EngineBroke(f"engine failed while answering: {named(e)}") from e
-        self._exchange.first_token_at = now()
+        self._answer.first_token_at = now()
         self._finish_upstream()
         raw, doc = self._read(raw, "answer")
         if not self._resumable(doc):
@@ -269,8 +263,8 @@ class EngineCall:
             if self._pending:
                 batch = [read(payload) for payload in self._pending]
                 self._pending = []
-                if self._exchange.first_token_at is None:
-                    self._exchange.first_token_at = now()
+                if self._answer.first_token_at is None:
+                    self._answer.first_token_at = now()
                 yield batch
             if self._done:
                 self._finish_upstream()
@@ -307,11 +301,11 @@ class EngineCall:
             return False
         if not self._may_resume():
             return False
-        captured = self._exchange.captured
+        captured = self._answer.captured
         return captured.prompt_ids is not None and captured.choice(0).has_ids
 
     def _first_usage(self) -> tuple[int, int]:
-        captured = self._exchange.captured
+        captured = self._answer.captured
         return len(captured.prompt_ids or ()), len(captured.choice(0).token_ids)
 
     async def _hand_over(self, partial_body: bytes) -> None:
@@ -320,31 +314,13 @@ class EngineCall:
         assert self._rollout is not None
         self._finish_upstream(abort=True)
         exchange = self._exchange
-        captured = exchange.captured
+        captured = self._answer.captured
         prompt, partial = list(captured.prompt_ids or ()), list(captured.choice(0).token_ids)
-        first = dataclasses.replace(
-            exchange,
-            call_id=new_id(),
-            status=CallStatus.OK,
-            http_status=200,
-            response_body=partial_body,
-            finished_at=now(),
-            usage={
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(partial),
-                "total_tokens": len(prompt) + len(partial),
-            },
-            notes=[
-                *exchange.notes,
-                f"aborted for a weight update; continued by {exchange.call_id}",
-            ],
-        )
+        first = exchange.aborted_part(partial_body)
         await asyncio.shield(self._ctx.record(first, self._rollout))
-        exchange.resumes = first.call_id
-        exchange.notes.append(f"continues {first.call_id}, aborted for a weight update")
-        exchange.captured = Captured(prompt_ids=prompt + partial)
+        exchange.continues(first)
         self._continuation = resume.continuation_request(self.prepared.body, prompt, partial)
-        exchange.weight_version = await self._ctx.hold.wait_out()
+        exchange.runs_under(await self._ctx.hold.wait_out())
         await hold_bound(self._ctx, self._rollout)  # the continuation goes to an engine too
         if "cache_salt" in self._continuation:
             # Continued on the new weights: none of the old version's cache may serve it.
@@ -394,12 +370,12 @@ class EngineCall:
                 chat = self._route.whole(doc)
             else:
                 chat = resume.chat_part(doc)
-            capture_response(chat, self._exchange.captured)
+            capture_response(chat, self._answer.captured)
         except _UNREADABLE as e:
             raise EngineGarbled(f"unreadable engine continuation: {named(e)}", raw) from e
         usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
         if usage is not None:
-            self._exchange.usage = usage
+            self._answer.usage = usage
         return chat, usage
 
     def _continued_chunk(self, raw: bytes, first: tuple[int, int]) -> Chunk:
@@ -411,11 +387,11 @@ class EngineCall:
                 chat = self._route.chunk(doc)
                 if isinstance(doc.get("usage"), dict):
                     chat["usage"] = resume.client_usage(doc["usage"], first)
-            capture_response(chat, self._exchange.captured)
+            capture_response(chat, self._answer.captured)
         except _UNREADABLE as e:
             raise EngineGarbled(f"unreadable engine continuation: {named(e)}", raw) from e
         if isinstance(doc.get("usage"), dict):
-            self._exchange.usage = doc["usage"]  # the record counts the second call's own
+            self._answer.usage = doc["usage"]  # the record counts the second call's own
         return Chunk(orjson.dumps(chat), chat)
 
     def _parse(self, raw: bytes, what: str) -> dict[str, Any]:
@@ -445,11 +421,11 @@ class EngineCall:
                 else:
                     doc = self._route.whole(doc, resumes=resumes)
                 raw = orjson.dumps(doc)
-            capture_response(doc, self._exchange.captured)
+            capture_response(doc, self._answer.captured)
         except _UNREADABLE as e:
             raise EngineGarbled(f"unreadable engine {what}: {named(e)}", raw) from e
         if isinstance(doc.get("usage"), dict):
-            self._exchange.usage = doc["usage"]
+            self._answer.usage = doc["usage"]
         return raw, doc
 
     async def _fill(self) -> None:
@@ -473,7 +449,7 @@ class EngineCall:
 
     def _finish_upstream(self, *, abort: bool = False) -> None:
         if self._upstream is not None:
-            self._exchange.upstream_done = time.perf_counter()
+            self._answer.upstream_done = time.perf_counter()
             self._upstream.release(abort=abort)
             self._upstream = None
 

@@ -65,7 +65,7 @@ async def open_upstream(
             "X-Request-Id": exchange.call_id,
         }
         backend.inflight += 1
-        exchange.dispatched_at = now()
+        at = now()
         try:
             response = await session.post(
                 backend.endpoint(prepared.path or path),
@@ -75,6 +75,7 @@ async def open_upstream(
             )
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
             backend.inflight -= 1
+            exchange.tried(at)
             pool.mark_failed(backend)
             tried.add(backend.url)
             last_error = f"{backend.url}: {type(e).__name__}"
@@ -90,18 +91,17 @@ async def open_upstream(
             # The client left while the engine worked on the request (a whole answer arrives
             # with its headers): aiohttp has closed the connection, which stops the engine.
             backend.inflight -= 1
-            exchange.backend = backend.url
-            exchange.engine_request = engine_request
+            exchange.sent(at, backend.url, engine_request)
             raise
         if response.status in _RETRY_ELSEWHERE:
             response.close()
             backend.inflight -= 1
+            exchange.tried(at)
             pool.mark_failed(backend)
             tried.add(backend.url)
             last_error = f"{backend.url}: HTTP {response.status}"
             continue
-        exchange.backend = backend.url
-        exchange.engine_request = engine_request
+        exchange.sent(at, backend.url, engine_request)
         backend.served += 1
         return Upstream(backend, response, prepared)
 

@@ -139,7 +139,7 @@ class _Relay:
         hold = self._taken.ctx.hold
         entered = False
         try:
-            self._exchange.weight_version = await hold.enter()
+            self._exchange.runs_under(await hold.enter())
             entered = True
             # Checked here, not at admission: a call that waited out an update runs on the new
             # weights, and is judged by them.
@@ -148,7 +148,7 @@ class _Relay:
             self._rendering = rendering(self._call)
             if self._call.error is not None:
                 return await self._refused(self._rendering, self._call.error)
-            if self._exchange.stream:
+            if self._exchange.asked.stream:
                 return await self._stream(self._rendering)
             return await self._whole(self._rendering)
         except BaseException as e:
@@ -164,8 +164,7 @@ class _Relay:
 
     async def _refused(self, rendering: Rendering, error: EngineError) -> web.Response:
         out = rendering.refused(error.status, error.body)
-        self._exchange.response_body = out
-        self._exchange.fail(CallStatus.FAILED, error.status, error_message(error.body))
+        self._exchange.fail(CallStatus.FAILED, error.status, error_message(error.body), out)
         self._taken.ctx.metrics.errors.inc(kind=f"engine_{error.status}")
         await self._record()
         return web.Response(status=error.status, body=out, content_type="application/json")
@@ -176,10 +175,7 @@ class _Relay:
             out = rendering.whole(raw, doc)
         except Exception as e:
             raise EngineGarbled(f"engine answer could not be rendered: {named(e)}", raw) from e
-        exchange = self._exchange
-        exchange.response_body = out
-        exchange.http_status = 200
-        exchange.finished_at = now()
+        self._exchange.answered(out)
         await self._record()
         return web.Response(body=out, content_type="application/json")
 
@@ -197,10 +193,7 @@ class _Relay:
                 if data:
                     await response.write(data)
             ending = rendering.ending()
-            exchange = self._exchange
-            exchange.response_body = rendering.recorded()
-            exchange.http_status = 200
-            exchange.finished_at = now()
+            self._exchange.answered(rendering.recorded())
             await self._record()
         except Exception as e:
             gone = isinstance(e, ConnectionResetError)
@@ -223,28 +216,32 @@ class _Relay:
         self._call.close()  # a client that left cancels the engine request before anything else
         exchange = self._exchange
         metrics = self._taken.ctx.metrics
+        # What the client has of the answer: the engine's unreadable bytes, or the stream so far.
+        body = None
+        if isinstance(error, EngineGarbled):
+            body = error.raw
+        elif self._streaming and self._rendering is not None:
+            body = _so_far(self._rendering)
         if isinstance(error, CLIENT_GONE):
             where = "mid-stream" if self._streaming else "before the answer was complete"
-            if exchange.dispatched_at is None:
+            if exchange.dispatch.at is None:
                 where = "before dispatch"
-            exchange.fail(CallStatus.CANCELLED, None, f"client disconnected {where}")
-        elif isinstance(error, StaleRollout) and exchange.dispatched_at is None:
+            exchange.fail(CallStatus.CANCELLED, None, f"client disconnected {where}", body)
+        elif isinstance(error, StaleRollout) and exchange.dispatch.at is None:
             exchange.reject(error)  # refused before any engine saw it
             metrics.errors.inc(kind=error.code or error.type)
         elif isinstance(error, ProxyError):
-            exchange.fail(CallStatus.FAILED, error.status, error.message)
+            exchange.fail(CallStatus.FAILED, error.status, error.message, body)
             metrics.errors.inc(kind=error.code or error.type)
         elif isinstance(error, EngineBroke):
-            exchange.fail(CallStatus.FAILED, 502, str(error))
+            exchange.fail(CallStatus.FAILED, 502, str(error), body)
             metrics.errors.inc(kind="engine_broke")
         else:
             log.error("relaying call %s failed", exchange.call_id, exc_info=error)
-            exchange.fail(CallStatus.FAILED, 500, f"the proxy failed relaying: {named(error)}")
+            exchange.fail(
+                CallStatus.FAILED, 500, f"the proxy failed relaying: {named(error)}", body
+            )
             metrics.errors.inc(kind="relay_error")
-        if isinstance(error, EngineGarbled):
-            exchange.response_body = error.raw
-        elif self._streaming and self._rendering is not None:
-            exchange.response_body = _so_far(self._rendering)
         try:
             await self._record()
         except Exception as e:
@@ -300,13 +297,14 @@ async def write_last(response: web.StreamResponse, data: bytes) -> None:
 
 def observe_call(taken: Intake) -> None:
     exchange = taken.exchange
+    answer, dispatched_at = exchange.answer, exchange.dispatch.at
     metrics = taken.ctx.metrics
-    finished = exchange.finished_at or now()
+    finished = exchange.outcome.finished_at or now()
     total = (finished - exchange.received_at).total_seconds()
     metrics.latency.observe(total, dialect=exchange.dialect.value)
-    if exchange.first_token_at is not None and exchange.stream:
-        metrics.ttft.observe((exchange.first_token_at - exchange.received_at).total_seconds())
-    if exchange.dispatched_at is not None and exchange.upstream_done is not None:
-        before = (exchange.dispatched_at - exchange.received_at).total_seconds()
-        after = time.perf_counter() - exchange.upstream_done
+    if answer.first_token_at is not None and exchange.asked.stream:
+        metrics.ttft.observe((answer.first_token_at - exchange.received_at).total_seconds())
+    if dispatched_at is not None and answer.upstream_done is not None:
+        before = (dispatched_at - exchange.received_at).total_seconds()
+        after = time.perf_counter() - answer.upstream_done
         metrics.overhead.observe(before + after, dialect=exchange.dialect.value)

@@ -685,7 +685,7 @@ def train(
     fresh_epochs: int = 1,
 ) -> None:
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
     from transformers import DynamicCache
 
     from rolltap.engine.model import load_model, resolve_model
@@ -797,9 +797,20 @@ def train(
         "made_by": "examples/mswea_adapter.py",
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata=meta)
+    out.write_bytes(_sorted_header(save(tensors, metadata=meta)))
     size = out.stat().st_size / 2**20
     print(f"wrote {out} ({size:.1f} MiB) in {time.monotonic() - started:.0f}s", flush=True)
+
+
+def _sorted_header(data: bytes) -> bytes:
+    """The file with its JSON header's keys sorted: safetensors writes them in hash-map order,
+    which changes from run to run, so equal tensors would make unequal files."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    if len(text) > size:
+        raise ValueError("the sorted safetensors header is longer than the original")
+    return data[:8] + text + b" " * (size - len(text)) + data[8 + size :]
 
 
 def main() -> None:

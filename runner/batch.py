@@ -133,6 +133,7 @@ async def run_batch(
     max_calls: int | None = 100,
     max_tokens: int | None = None,
     max_steps: int | None = None,
+    sampling: Mapping[str, float | int] | None = None,
     retries: int = 2,
     proxy_socket: Path | None = None,
     engine_model: str | None = None,
@@ -152,6 +153,7 @@ async def run_batch(
     """Run (or resume) a batch here and return its results and summary: `run_spec` with its
     spec and options as keyword arguments, and a harness or sandbox provider of your own.
 
+    `sampling` is imposed on every engine call of the batch (the spec's `sampling`);
     `meta` goes into each new rollout's meta; `replay` answers the batch's calls from a
     recorded rollout (runner/replay.py); `egress`: HTTP(S) out of the sandboxes through the
     run's egress gate (runner/egress), recorded with each rollout; `token_in`: the batch's
@@ -174,6 +176,7 @@ async def run_batch(
         retries=retries,
         egress=EgressMode.NONE if egress is None else egress.mode,
         id=batch,
+        sampling=dict(sampling or {}),
     )
     options = RunOptions(
         db=db,

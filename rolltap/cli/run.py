@@ -395,9 +395,19 @@ def _oracle_verdict(console: Console, summary: BatchSummary) -> None:
 @click.command()
 @click.option("--sandbox", type=click.Choice(KINDS), help="Default: bwrap, else local.")
 @click.option("-n", "--samples", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--temperature",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0, max=2.0),
+    help="Imposed on every call. 0: the model's most likely action, the same on every run; "
+    "1.0 samples as a training run does (the 135M model then solves less).",
+)
 @adapter_option("default")
 @db_option
-def demo(sandbox: str | None, samples: int, adapter: str, db_url: str | None) -> None:
+def demo(
+    sandbox: str | None, samples: int, temperature: float, adapter: str, db_url: str | None
+) -> None:
     """The embedded default end to end: built-in engine, proxy, mini-swe-agent on a few tasks."""
     from ..runner import BatchProgress, run_batch
     from ..runner.tasks import load_tasks
@@ -430,6 +440,7 @@ def demo(sandbox: str | None, samples: int, adapter: str, db_url: str | None) ->
             timeout=300,
             max_calls=20,
             max_steps=8,
+            sampling={"temperature": temperature},
             engine_args=adapter_args,
             progress=progress,
             say=say,

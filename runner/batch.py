@@ -54,7 +54,7 @@ from .provenance import task_hash
 from .rollout import BatchProgress, Pools, RolloutResult
 from .sandboxes.base import SandboxProvider
 from .service.executor import LocalHost, local_executors
-from .service.spec import BatchSpec, Budgets, PoolSizes
+from .service.spec import BatchSpec, Budgets, PoolSizes, parse_sampling
 from .settings import BatchSettings
 from .summary import BatchSummary, current_attempts, summarize
 from .tasks import Task, load_tasks
@@ -153,7 +153,8 @@ async def run_batch(
     """Run (or resume) a batch here and return its results and summary: `run_spec` with its
     spec and options as keyword arguments, and a harness or sandbox provider of your own.
 
-    `sampling` is imposed on every engine call of the batch (the spec's `sampling`);
+    `sampling` is imposed on every engine call of the batch (the spec's `sampling`, checked as
+    the service checks it: SpecError, a ValueError);
     `meta` goes into each new rollout's meta; `replay` answers the batch's calls from a
     recorded rollout (runner/replay.py); `egress`: HTTP(S) out of the sandboxes through the
     run's egress gate (runner/egress), recorded with each rollout; `token_in`: the batch's
@@ -176,7 +177,7 @@ async def run_batch(
         retries=retries,
         egress=EgressMode.NONE if egress is None else egress.mode,
         id=batch,
-        sampling=dict(sampling or {}),
+        sampling=parse_sampling(None if sampling is None else dict(sampling)),
     )
     options = RunOptions(
         db=db,

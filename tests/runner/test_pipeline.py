@@ -246,3 +246,11 @@ def test_killed_run_resumes_without_duplicates(tmp_path: Path) -> None:
 )
 def test_pass_at_k(n: int, c: int, k: int, expected: float) -> None:
     assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+async def test_a_sampling_option_the_proxy_cannot_impose_is_refused_before_anything_runs(
+    tasks: list[Any], store: Store
+) -> None:
+    with pytest.raises(ValueError, match="sampling option 'temprature' is not supported"):
+        await run_batch(tasks, sampling={"temprature": 0}, store=store)
+    assert await store.rollouts() == []

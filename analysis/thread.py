@@ -13,8 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from rolltap.loop_thread import LoopThread
-
+from ..loop_thread import LoopThread
 from ..store.database import Database, open_database
 from ..store.url import DatabaseURL
 

@@ -476,6 +476,13 @@ def baseline_tree(ref: str) -> Iterator[Path]:
         if "package-dir" not in setup:
             yield tree  # rolltap/ links its packages in (rolltap/proxy -> ../proxy)
             return
+        if setup["package-dir"] == {"rolltap": "."}:
+            # The root is the package: a folder whose rolltap is the whole tree.
+            shim = work / "shim"
+            shim.mkdir()
+            (shim / "rolltap").symlink_to(tree)
+            yield shim
+            return
         # Older layouts map the packages from the top level (package-dir): link them the same.
         shim = work / "shim"
         (shim / "rolltap").mkdir(parents=True)

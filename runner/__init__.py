@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from rolltap.lazy import lazy_names
+from ..lazy import lazy_names
 
 if TYPE_CHECKING:
     from .batch import BatchResult, RunOptions, run_batch, run_spec

@@ -2,8 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from rolltap.lazy import lazy_names
-
+from ..lazy import lazy_names
 from .enums import CallDialect, CallStatus, Capture, EgressVerdict, RolloutStatus, Verdict
 from .errors import (
     AmbiguousId,

@@ -12,9 +12,8 @@ from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rolltap.loop_thread import LoopThread
-
 from ..analysis.thread import CHUNK
+from ..loop_thread import LoopThread
 from .egress import EgressRecord
 from .lookup import Kind, resolve_id
 from .records import BatchView, CallBodies, CallTokens, CallView, RolloutAnalysis, RolloutView

@@ -25,9 +25,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rolltap.wire import ENCODINGS
-
 from ...proxy.dialects.errors import BadRequest, Conflict, NotFoundError
+from ...wire import ENCODINGS
 from .batch import Batch
 from .events import Event, EventKind
 from .groups import GroupRecord, group_message

@@ -1,37 +1,38 @@
 """Every import in the package tree names its file: read as text, each one resolves on disk.
 
-rolltap/ links the card's top-level folders in (rolltap/proxy -> ../proxy), so an import name is a
-path; inside the tree imports are relative (docs/layout.md). This reads every module as text, the
-way a reader or a structure-drawing tool would, without importing anything.
+The repository root is the `rolltap` package (package-dir = {"rolltap" = "."}), so an import name
+is a path from the root by Python's own rules, with no link in between; inside the tree imports
+are relative (docs/layout.md). This reads every module as text, the way a reader or a
+structure-drawing tool would, without importing anything.
 """
 
 from __future__ import annotations
 
 import ast
-import os
+import subprocess
+import tomllib
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "rolltap"
-# The folders rolltap/ links in, each by its own name.
-LINKED = sorted(p.name for p in PACKAGE.iterdir() if p.is_symlink())
+# Not the package's: the tests, the benchmarks, the docs, and what an install or a run leaves.
+OUTSIDE = {"tests", "bench", "docs", ".venv", "build", "dist", ".git", ".ci"}
 # Imported from elsewhere and run as scripts (examples, alembic's env): absolute imports there.
 SCRIPT_FOLDERS = {"examples", "migrations", "harness_images"}
-COMPONENTS = [name for name in LINKED if name not in SCRIPT_FOLDERS]
+COMPONENTS = sorted(
+    p.name
+    for p in ROOT.iterdir()
+    if (p / "__init__.py").is_file() and p.name not in OUTSIDE | SCRIPT_FOLDERS
+)
 
 
 def _sources() -> list[Path]:
-    files = [p for p in PACKAGE.rglob("*.py") if not _through_link(p)]
+    files = sorted(ROOT.glob("*.py"))
     for name in COMPONENTS:
-        files += (ROOT / name).rglob("*.py")
-    return sorted(files)
-
-
-def _through_link(path: Path) -> bool:
-    return any((PACKAGE / part).is_symlink() for part in path.relative_to(PACKAGE).parts[:1])
+        files += sorted((ROOT / name).rglob("*.py"))
+    return files
 
 
 def _resolves(base: Path, dotted: str | None, names: list[str]) -> bool:
@@ -50,17 +51,35 @@ def _imports(path: Path) -> list[ast.Import | ast.ImportFrom]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
 
-def test_the_package_links_every_top_level_component() -> None:
-    for name in LINKED:
-        assert os.readlink(PACKAGE / name) == f"../{name}", name
+def test_the_root_is_the_package_and_the_tree_holds_no_link() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {"rolltap": "."}
     expected = {"proxy", "store", "runner", "engine", "analysis", "audit", "export", "chatformat"}
     assert expected <= set(COMPONENTS)
-    assert "extend_path" not in (PACKAGE / "__init__.py").read_text()
+    assert {"cli", "ui", "loops"} <= set(COMPONENTS)
+    tracked = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout
+    links = [line.split("\t")[-1] for line in tracked.splitlines() if line.startswith("120000")]
+    assert not links, links
+    on_disk = [
+        str(p.relative_to(ROOT))
+        for name in COMPONENTS
+        for p in (ROOT / name).rglob("*")
+        if p.is_symlink()
+    ]
+    assert not on_disk, on_disk
+
+
+def test_the_root_init_imports_nothing() -> None:
+    """pytest imports the root __init__.py once more under the checkout folder's name (a package
+    above tests/): it stays import-free, so that second copy is a docstring and a version."""
+    assert not _imports(ROOT / "__init__.py")
+    assert "extend_path" not in (ROOT / "__init__.py").read_text()
 
 
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_import_resolves_as_text(path: Path) -> None:
-    component = path.relative_to(ROOT).parts[0] != "rolltap"
     wrong: list[str] = []
     for node in _imports(path):
         if isinstance(node, ast.ImportFrom) and node.level:
@@ -68,8 +87,8 @@ def test_every_import_resolves_as_text(path: Path) -> None:
             for _ in range(node.level - 1):
                 base = base.parent
             names = [a.name for a in node.names]
-            # Resolved from the file's own folder, not through a link: a component's
-            # `..store` is the top-level store/ beside it; above the checkout is an error.
+            # Resolved from the file's own folder: a component's `..store` is the top-level
+            # store/ beside it; above the checkout is an error.
             shown = f"line {node.lineno}: {'.' * node.level}{node.module or ''}"
             if ROOT not in (base, *base.parents):
                 wrong.append(f"{shown} leaves the tree")
@@ -81,13 +100,26 @@ def test_every_import_resolves_as_text(path: Path) -> None:
         )
         for module in modules:
             parts = module.split(".")
-            if parts[0] != "rolltap" or len(parts) == 1:
-                continue
-            if (parts[1] in LINKED and parts[1] not in SCRIPT_FOLDERS) or not component:
-                # Inside the tree a component (or rolltap/ itself) is reached relatively.
+            if parts[0] in COMPONENTS or (parts[0] == "rolltap" and len(parts) > 1):
+                # Inside the tree the package is reached relatively; a bare `proxy` or
+                # `store` would be a second copy of a component under another name.
                 wrong.append(f"line {node.lineno}: absolute import of {module}")
-            elif not _resolves(PACKAGE, ".".join(parts[1:]), []):
-                wrong.append(f"line {node.lineno}: {module} names no file under rolltap/")
+    assert not wrong, wrong
+
+
+def test_script_folders_reach_the_package_by_its_name() -> None:
+    """examples/, migrations/ and harness_images/ are run as scripts too: their imports of the
+    package are absolute and each names a file under the root."""
+    wrong: list[str] = []
+    for name in SCRIPT_FOLDERS:
+        for path in (ROOT / name).rglob("*.py"):
+            for node in _imports(path):
+                if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                    continue
+                parts = node.module.split(".")
+                named = parts[0] == "rolltap" and len(parts) > 1
+                if named and not _resolves(ROOT, ".".join(parts[1:]), []):
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}")
     assert not wrong, wrong
 
 
@@ -129,7 +161,7 @@ def _targets(path: Path) -> set[Path]:
                 continue  # another distribution's module
             folder = ROOT.joinpath(*parts)
             if parts and parts[0] == "rolltap":
-                folder = PACKAGE.joinpath(*parts[1:])
+                folder = ROOT.joinpath(*parts[1:])
             subs = [_module_file(folder / a.name) for a in names]
             found.update(s for s in subs if s is not None)
             own = _module_file(folder)

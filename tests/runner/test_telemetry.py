@@ -1,4 +1,4 @@
-"""Rollout spans over OTLP (rolltap/telemetry.py): a real batch through the rollout service, its
+"""Rollout spans over OTLP (telemetry.py): a real batch through the rollout service, its
 harness making two model calls per rollout to the fake engine, exported to an in-process OTLP/HTTP
 collector that decodes what it receives with opentelemetry-proto; and no opentelemetry import at
 all when nothing asks for spans."""

@@ -1,4 +1,4 @@
-"""How the training view merges what a trainer posted (rolltap/ui/posted.py)."""
+"""How the training view merges what a trainer posted (ui/posted.py)."""
 
 from __future__ import annotations
 

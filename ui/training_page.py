@@ -1,7 +1,7 @@
 """The training view's page: `/training` lists the rollout-service sessions and batch labels a
 run can be picked by; `/training?session=S` (or `label=key=value`, repeatable, or `batch=ID`,
 repeatable; given together they all apply) shows the run per policy version, in charts and a
-table (the figures: rolltap/ui/training.py)."""
+table (the figures: ui/training.py)."""
 
 from __future__ import annotations
 

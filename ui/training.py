@@ -8,7 +8,7 @@ in the run's order, the weights that sampled a call were behind the batch's poli
 over the calls an engine answered; "off policy": the share sampled with another version);
 the token-in bridge break rate (analysis/bridging.py); and what the trainer posted (POST
 /v1/batches/{id}/metrics): the logprob mismatch and seconds per phase, merged as
-rolltap/ui/posted.py says. Without posted seconds, a version shows the service's own sampling
+ui/posted.py says. Without posted seconds, a version shows the service's own sampling
 time.
 
 Versions are ordered as numbers when they read as numbers, else in the order batches used them.

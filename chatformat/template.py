@@ -16,7 +16,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from ..engine.errors import BadRequest
+from .errors import Unrenderable
 from .tools import render_tool_call, tools_system_block
 
 
@@ -46,7 +46,7 @@ class ChatRenderer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> RenderedPrompt:
         if not self.has_template:
-            raise BadRequest(
+            raise Unrenderable(
                 "the model has no chat template; start the engine with --chat-template"
             )
         normal = normalize_messages(messages, fold_tool_calls=not self.native_tools)
@@ -65,7 +65,7 @@ class ChatRenderer:
                 **kwargs,
             )
         except (TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
-            raise BadRequest(f"the chat template could not render these messages: {e}") from e
+            raise Unrenderable(f"the chat template could not render these messages: {e}") from e
         ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
         return RenderedPrompt(text=str(text), token_ids=list(ids))
 
@@ -110,15 +110,15 @@ def _text(content: object, index: int) -> str:
             elif isinstance(part, dict) and part.get("type") in ("text", "input_text"):
                 texts.append(str(part.get("text", "")))
             else:
-                raise BadRequest(f"messages[{index}]: only text content is supported", "messages")
+                raise Unrenderable(f"messages[{index}]: only text content is supported", "messages")
         return "\n".join(texts)
-    raise BadRequest(f"messages[{index}].content must be a string or a list of parts", "messages")
+    raise Unrenderable(f"messages[{index}].content must be a string or a list of parts", "messages")
 
 
 def _decoded_call(call: object, index: int) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise BadRequest(f"messages[{index}].tool_calls entries need function.name", "messages")
+        raise Unrenderable(f"messages[{index}].tool_calls entries need function.name", "messages")
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         # vLLM keeps undecodable arguments as the string it got.

@@ -37,19 +37,6 @@ def engine_arg_option(f: F) -> F:
     )(f)
 
 
-def adapter_option(default: str) -> Callable[[F], F]:
-    """--adapter for commands that start the built-in engine (`default` or `none` by default)."""
-    return click.option(
-        "--adapter",
-        default=default,
-        show_default=True,
-        metavar="PATH|default|none",
-        help="Built-in engine: a LoRA file merged into the model's weights at load. default: "
-        "rolltap's own for SmolLM2-135M, taught mini-swe-agent's tool call "
-        "(examples/mswea_adapter.py), used only on the default model; none: the plain model.",
-    )
-
-
 def builtin_adapter_args(
     ctx: click.Context, adapter: str, engine_model: str | None, builtin: bool
 ) -> tuple[str, ...]:

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..engine.command import adapter_option
 from ..proxy.tokenin.options import TokenInOptions
 from ..runner.harnesses import adapters, builtins
 from ..runner.harnesses.oracle import NAME as ORACLE
 from ..runner.harnesses.oracle import failed_oracle
 from ..runner.sandboxes.kinds import KINDS
 from .options import (
-    adapter_option,
     builtin_adapter_args,
     capture_routed_experts_option,
     checked_backends,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from ..engine.command import adapter_option
 from ..proxy.app import Extension
 from ..proxy.context import ProxySettings
 from ..proxy.control.admin import ExposedWithoutToken, check_exposure
@@ -22,7 +23,6 @@ from ..runner.sandboxes.identity import sandbox_user
 from ..store import Store
 from ..store.url import resolve_url
 from .options import (
-    adapter_option,
     builtin_adapter_args,
     capture_routed_experts_option,
     check_port,

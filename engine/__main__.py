@@ -1,5 +1,5 @@
 """`python -m rolltap.engine [MODEL] [options]`: the same as `rolltap model serve`."""
 
-from ..cli.model import serve
+from .command import serve
 
 serve(prog_name="python -m rolltap.engine")

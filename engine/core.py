@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..chatformat.template import ChatRenderer
+from ..chatformat.errors import Unrenderable
+from ..chatformat.template import ChatRenderer, RenderedPrompt
 from .batcher import Batcher
 from .errors import BadRequest, EngineError
 from .generation import Aborted, Event, Failure, GenerationRequest, RowEvent
@@ -48,6 +49,28 @@ class Engine:
     @property
     def name(self) -> str:
         return self.lm.name
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        template_kwargs: dict[str, Any] | None,
+    ) -> RenderedPrompt:
+        """The chat template's prompt for these messages; what it refuses is the client's
+        400 (the chat formats know nothing of HTTP)."""
+        try:
+            return self.renderer.render(
+                messages,
+                tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                template_kwargs=template_kwargs,
+            )
+        except Unrenderable as e:
+            raise BadRequest(e.message, e.param) from e
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.lm.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])

@@ -97,7 +97,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         engine.check_ids(chat.prompt_token_ids, "kv_transfer_params")
         prompt_ids, prompt_text = chat.prompt_token_ids, engine.decode(chat.prompt_token_ids)
     else:
-        rendered = engine.renderer.render(
+        rendered = engine.render(
             chat.messages,
             chat.tools,
             add_generation_prompt=chat.add_generation_prompt,

@@ -107,7 +107,7 @@ async def tokenize(request: web.Request) -> web.Response:
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise BadRequest("`messages` must be objects with a string `role`", "messages")
         tools = f.array("tools")
-        rendered = engine.renderer.render(
+        rendered = engine.render(
             messages,
             tools or None,
             add_generation_prompt=f.boolean("add_generation_prompt", True),

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from rolltap.chatformat.errors import Unrenderable
 from rolltap.chatformat.template import ChatRenderer, normalize_messages
-from rolltap.engine.errors import BadRequest
 
 WEATHER = {
     "type": "function",
@@ -83,7 +83,7 @@ def test_folded_tool_calls_become_hermes_text() -> None:
 
 def test_image_parts_are_refused() -> None:
     message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
-    with pytest.raises(BadRequest):
+    with pytest.raises(Unrenderable):
         normalize_messages([message], fold_tool_calls=True)
 
 
@@ -127,7 +127,7 @@ def test_native_template_gets_tools_and_decoded_arguments(tokenizer: Any) -> Non
 
 def test_template_errors_are_bad_requests(tokenizer: Any) -> None:
     renderer = ChatRenderer(tokenizer, "{{ raise_exception('no system role') }}")
-    with pytest.raises(BadRequest, match="no system role"):
+    with pytest.raises(Unrenderable, match="no system role"):
         renderer.render([{"role": "user", "content": "x"}])
 
 

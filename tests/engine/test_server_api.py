@@ -117,6 +117,21 @@ async def test_tokenize_messages_with_tools_renders_them(smollm_engine: EnginePr
             "BadRequestError",
             "cache_salt",
         ),
+        (
+            # The chat format refuses it (chatformat/errors.py); the engine answers its 400.
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            400,
+            "BadRequestError",
+            "messages",
+        ),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": 7}]},
+            400,
+            "BadRequestError",
+            "messages",
+        ),
         ("/v1/completions", {"prompt": [99999999]}, 400, "BadRequestError", "prompt"),
         ("/v1/completions", {"prompt": {"a": 1}}, 400, "BadRequestError", "prompt"),
         ("/v1/completions", {"prompt": "x", "model": "nope"}, 404, "NotFoundError", "model"),

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from rolltap.store import NewRollout, Store
+from rolltap.store.events import Declared
 
 ROLLTAP = str(Path(sys.executable).parent / "rolltap")
 EVERY_COMMAND = (
@@ -39,7 +40,7 @@ EVERY_COMMAND = (
 async def _store(url: str) -> str:
     store = await Store.connect(url)
     created = await store.create_rollout(NewRollout(batch_id="b", task_id="t"))
-    await store.update_rollout(created.id, status="finished", reward=1.0)
+    await store.report(created.id, Declared("finished"), reward=1.0)
     await store.close()
     return created.id
 

@@ -45,6 +45,7 @@ from rolltap.store import (
     NewRollout,
     Store,
 )
+from rolltap.store.events import Declared
 
 SYSTEM, CONTEXT, COMPLETION, VOCAB = 600, 120, 80, 49_152
 
@@ -106,7 +107,7 @@ async def build_store(
                 sequence = sequence.copy()
                 sequence[-COMPLETION // 2] = (sequence[-COMPLETION // 2] + 1) % VOCAB
             prompt = np.concatenate([sequence, local.integers(0, VOCAB, CONTEXT).astype(np.int32)])
-        await store.update_rollout(rid, status="finished", reward=float(rng.random()))
+        await store.report(rid, Declared("finished"), reward=float(rng.random()))
 
     start = time.perf_counter()
     await asyncio.gather(*(rollout(i, rid) for i, rid in enumerate(ids)))

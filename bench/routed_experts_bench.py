@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the fake engine of the test suite
 
 from rolltap.store import NewRollout, RolloutStatus, Store  # noqa: E402
+from rolltap.store.events import Declared  # noqa: E402
 from rolltap.store.models import call_table, choice_table, routed_experts_table  # noqa: E402
 from tests.support.fake_vllm import FakeVLLM, Reply  # noqa: E402
 from tests.support.proxy import fake_engine, running_proxy  # noqa: E402
@@ -72,7 +73,7 @@ async def _rollout(store: Store, sglang: bool, args: argparse.Namespace, shape: 
                 messages.append({"role": "assistant", "content": reply.choices[0].message.content})
         finally:
             await client.close()
-    await store.update_rollout(created.id, status=RolloutStatus.SUCCEEDED)
+    await store.report(created.id, Declared(RolloutStatus.SUCCEEDED))
     return created.id
 
 

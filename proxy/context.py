@@ -10,6 +10,8 @@ from aiohttp import web
 
 from ..analysis.toolparse import kind
 from ..store import CallStatus, RolloutStatus, Store
+from ..store.events import Started
+from ..store.lifecycle import status_of
 from .control.control_bus import ControlBus
 from .control.hold import WeightHold
 from .dialects.recall import Recall
@@ -122,10 +124,9 @@ class ProxyContext:
         counted = record.status is not CallStatus.REJECTED
         state.budget.settle(exchange.call_id, counted=counted, tokens=exchange.tokens_used)
         if state.status is RolloutStatus.PENDING and counted:
-            state.status = RolloutStatus.RUNNING
-            await self.store.update_rollout(
-                state.id, status=RolloutStatus.RUNNING, only_from=[RolloutStatus.PENDING]
-            )
+            started = Started()
+            state.status = status_of(started)
+            await self.store.report(state.id, started)
         self.metrics.calls.inc(dialect=exchange.dialect.value, status=record.status.value)
         self.metrics.tokens.inc(exchange.prompt_tokens, kind="prompt")
         self.metrics.tokens.inc(exchange.completion_tokens, kind="completion")

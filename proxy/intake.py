@@ -9,7 +9,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..store import CallDialect, CallStatus, RolloutStatus
+from ..store import CallDialect, CallStatus
+from ..store.events import BudgetExceeded
+from ..store.lifecycle import status_of
 from ..store.store import FINAL_STATUSES
 from .context import CONTEXT, ProxyContext
 from .dialects.errors import BadRequest, PayloadTooLarge, ProxyError
@@ -116,13 +118,9 @@ async def admit(taken: Intake) -> None:
             await state.budget.settled()
     except ProxyError as e:
         if e.code == "rollout_budget_exceeded" and state.status not in FINAL_STATUSES:
-            state.status = RolloutStatus.BUDGET_EXCEEDED
-            await taken.ctx.store.update_rollout(
-                state.id,
-                status=RolloutStatus.BUDGET_EXCEEDED,
-                error=e.message,
-                only_from=[RolloutStatus.PENDING, RolloutStatus.RUNNING],
-            )
+            spent = BudgetExceeded(e.message)
+            state.status = status_of(spent)
+            await taken.ctx.store.report(state.id, spent)
         raise await taken.reject(e) from None
     taken.reserved = True
     exchange.admitted(served, admission.allowance, routed_experts)

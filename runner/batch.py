@@ -34,7 +34,7 @@ from ..analysis.hacks import Detector
 from ..proxy.replay import Cassette
 from ..proxy.tokenin.options import TokenInOptions
 from ..store import RolloutStatus, Store
-from ..store.lifecycle import OPEN
+from ..store.events import Cancelled
 from ..store.url import DatabaseURL, resolve_url
 from .egress import BadEgressSetting, EgressMode, EgressSettings
 from .harnesses import (
@@ -469,9 +469,7 @@ async def _interrupted(store: Store, batch_id: str) -> None:
     (its next run starts each again as a new attempt)."""
     unfinished = [RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value]
     for view in await store.rollouts(batch=batch_id, status=unfinished):
-        await store.update_rollout(
-            view.id, status=RolloutStatus.CANCELLED, error="interrupted", only_from=OPEN
-        )
+        await store.report(view.id, Cancelled("interrupted"))
         if view.n_calls:
             await store.analyze_rollout(view.id)
         store.forget(view.id)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..proxy.control.staleness import MARK
 from ..store import CreatedRollout, NewRollout, RolloutStatus, RolloutView, Store
+from ..store.events import SUPERSEDED_BY, Superseded
 from .settings import BatchSettings, check_resumable
 from .tasks import Task
 
@@ -107,13 +108,7 @@ def finished(view: RolloutView) -> bool:
 
 async def supersede(store: Store, old: RolloutView, new_id: str, why: str) -> None:
     """Close an attempt that will not finish; it points to the one that replaces it."""
-    await store.update_rollout(
-        old.id,
-        keep_ending=True,
-        merge_meta={"superseded_by": new_id},
-        status=RolloutStatus.CANCELLED,
-        error=f"{why}; retried as {new_id}",
-    )
+    await store.report(old.id, Superseded(new_id, why))
 
 
 async def next_attempt(store: Store, planned: Planned, why: str) -> Planned:
@@ -121,7 +116,7 @@ async def next_attempt(store: Store, planned: Planned, why: str) -> Planned:
     failed one is kept, marked, and points to it."""
     old = await store.rollout(planned.rollout_id)
     # What the proxy found stale was that attempt: the new one's calls are judged afresh.
-    meta = {k: v for k, v in old.meta.items() if k not in ("superseded_by", MARK)}
+    meta = {k: v for k, v in old.meta.items() if k not in (SUPERSEDED_BY, MARK)}
     created = await _new_attempt(store, old, meta)
     await store.update_rollout(old.id, merge_meta={INFRA: True})
     await supersede(store, old, created.id, f"infrastructure: {why}")

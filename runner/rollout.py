@@ -26,6 +26,8 @@ from rolltap import telemetry
 from ..analysis.choice import load_detectors
 from ..analysis.hacks import AUDIT_META, Detector, HackFlag, detect
 from ..store import RolloutStatus, Store
+from ..store.events import HarnessEnded, Started
+from ..store.lifecycle import status_of
 from . import provenance
 from .egress import EgressGate, EgressMode, sandbox_env
 from .egress.settings import BUNDLE_NAME
@@ -208,9 +210,7 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             await _record_run(shared, planned, spec)
             box = await shared.provider.create(spec)
         except ImageBuildError as e:
-            return await _finish(
-                shared, planned, logs, RolloutStatus.FAILED, None, None, str(e), seconds
-            )
+            return await _finish(shared, planned, logs, HarnessEnded(failure=str(e)), None, seconds)
         except SandboxError as e:
             raise InfraFailure(f"sandbox did not start: {e}", calls_made=False) from e
         try:
@@ -221,9 +221,7 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             raise InfraFailure(f"task setup failed: {e}", calls_made=False) from e
         except HistoryNotPruned as e:
             await box.close()
-            return await _finish(
-                shared, planned, logs, RolloutStatus.FAILED, None, None, str(e), seconds
-            )
+            return await _finish(shared, planned, logs, HarnessEnded(failure=str(e)), None, seconds)
         await _record_audit(shared, planned, facts, logs)
         seconds["init"] = time.monotonic() - started
         telemetry.phase_ended(telemetry.PROVISION, seconds["init"])
@@ -232,11 +230,7 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             started = time.monotonic()
             shared.progress.running += 1
             try:
-                await shared.store.update_rollout(
-                    planned.rollout_id,
-                    status=RolloutStatus.RUNNING,
-                    only_from=[RolloutStatus.PENDING],
-                )
+                await shared.store.report(planned.rollout_id, Started())
                 exit_, outcome, timed_out = await _run_harness(shared, planned, box, logs)
             except SandboxError as e:
                 raise InfraFailure(f"harness could not run: {e}", calls_made=True) from e
@@ -252,9 +246,6 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             telemetry.phase_ended(telemetry.VERIFY, seconds["eval"])
     finally:
         await box.close()
-    status, error = _status(outcome, timed_out)
-    if verify_error is not None:
-        status, error = RolloutStatus.FAILED, verify_error
     reward = None if verdict is None else verdict.reward.value
     details: dict[str, Any] = {"ending": outcome.ending.value, "harness_detail": outcome.detail}
     if exit_.returncode is not None:
@@ -264,9 +255,14 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             "values": dict(verdict.reward.values),
             "test_exit_code": verdict.result.exit_code,
         }
-    return await _finish(
-        shared, planned, logs, status, reward, outcome.ending, error, seconds, details
+    ended = HarnessEnded(
+        reward,
+        details,
+        timed_out=timed_out,
+        failure=_failure(outcome),
+        verifier_failure=verify_error,
     )
+    return await _finish(shared, planned, logs, ended, outcome.ending, seconds)
 
 
 async def _run_harness(
@@ -350,24 +346,20 @@ async def _evaluate(
         return None, f"verifier could not run: {e}"
 
 
-def _status(outcome: Outcome, timed_out: bool) -> tuple[RolloutStatus, str | None]:
-    if timed_out:
-        return RolloutStatus.TIMED_OUT, "harness killed at its timeout"
+def _failure(outcome: Outcome) -> str | None:
+    """Why the harness ended otherwise than on its own (its step limit is its own), or None."""
     if outcome.ending in (Ending.FINISHED, Ending.LIMIT):
-        return RolloutStatus.SUCCEEDED, None
-    return RolloutStatus.FAILED, f"harness {outcome.ending.value}: {outcome.detail}"[:2000]
+        return None
+    return f"harness {outcome.ending.value}: {outcome.detail}"[:2000]
 
 
 async def _finish(
     shared: Shared,
     planned: Planned,
     logs: Path,
-    status: RolloutStatus,
-    reward: float | None,
+    ended: HarnessEnded,
     ending: Ending | None,
-    error: str | None,
     seconds: dict[str, float],
-    details: dict[str, Any] | None = None,
 ) -> RolloutResult:
     store = shared.store
     started = seconds.pop("started", None)
@@ -376,21 +368,13 @@ async def _finish(
         "verifier_tail": _tail(logs / "verifier" / TEST_OUTPUT),
         "harness_tail": _tail(logs / "harness.log"),
     }
-    flags = await _hack_flags(shared, planned, status)
+    ended = replace(ended, meta={"logs_dir": str(logs), "seconds": seconds, **tails})
+    flags = await _hack_flags(shared, planned, status_of(ended))
     # An ending the proxy wrote first (its budget, its batch's bound on staleness) stays: the
     # lifecycle keeps it, records the reward and the rest beside it, and says which ending the
     # rollout has (store/lifecycle.py).
-    view = await store.update_rollout(
-        planned.rollout_id,
-        keep_ending=True,
-        merge_meta={"logs_dir": str(logs), "seconds": seconds, **tails},
-        status=status,
-        reward=reward,
-        reward_details=details,
-        error=error,
-        hack_flags=flags,
-    )
-    status, error = view.status, view.error
+    view = await store.report(planned.rollout_id, ended, hack_flags=flags)
+    status, error, reward, details = view.status, view.error, ended.reward, ended.details
     if view.n_calls:
         # The finished rollout's segments, drift breaks and faithfulness go into the store too.
         await store.analyze_rollout(planned.rollout_id)
@@ -457,9 +441,8 @@ def _tail(path: Path, lines: int = 8, chars: int = 2000) -> str | None:
 async def _give_up(shared: Shared, planned: Planned, why: str) -> RolloutResult:
     await shared.store.update_rollout(planned.rollout_id, merge_meta={INFRA: True})
     logs = shared.logs_root / planned.rollout_id
-    return await _finish(
-        shared, planned, logs, RolloutStatus.FAILED, None, None, f"infrastructure: {why}", {}
-    )
+    lost = HarnessEnded(failure=f"infrastructure: {why}")
+    return await _finish(shared, planned, logs, lost, None, {})
 
 
 async def _spec(shared: Shared, planned: Planned) -> SandboxSpec:

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError
 
 from ..analysis.thread import CHUNK, AnalysisThread
-from . import egress, lifecycle, migrate, queries, routed, training
+from . import egress, events, lifecycle, migrate, queries, routed, training
 from .database import Database, open_database, unavailable
 from .errors import InvalidTokens, NotFound, ReadOnly
 from .ids import hash_key, new_id, new_key
-from .models import RolloutStatus
 from .packing import RoutingArray, as_ids, as_logprobs
 from .records import (
     BatchView,
@@ -50,7 +49,6 @@ FINAL_STATUSES = lifecycle.ENDED
 """The statuses of a rollout that has ended (store/lifecycle.py)."""
 _FINAL_VALUES = {s.value for s in FINAL_STATUSES}
 _UPDATABLE = {
-    "status",
     "reward",
     "reward_details",
     "error",
@@ -157,39 +155,34 @@ class Store:
         self,
         rollout_id: str,
         *,
-        only_from: Iterable[RolloutStatus] | None = None,
-        keep_ending: bool = False,
         merge_meta: Mapping[str, Any] | None = None,
         append_meta: Mapping[str, Sequence[Any]] | None = None,
         **values: Any,
     ) -> RolloutView:
-        """Write a rollout's columns; its life's rules apply when the write runs
-        (store/lifecycle.py: an ended rollout's status never changes; IllegalTransition).
-        `only_from`: apply only while the rollout has one of these statuses (a transition that
-        must not undo another, e.g. pending -> running after the rollout already ended).
-        `keep_ending`: an ending that finds the rollout ended keeps that first ending and writes
-        the rest. `merge_meta`: keys merged into its metadata in the same transaction;
-        `append_meta`: items appended to lists in it. Returns the rollout as the write left it
-        (what another writer ended it with first, say)."""
-        unknown = set(values) - _UPDATABLE
-        if unknown:
-            raise TypeError(f"cannot update rollout fields {sorted(unknown)}")
-        if "status" in values:
-            status = RolloutStatus(values["status"])
-            values["status"] = status.value
-            now = datetime.now(UTC)
-            if status is RolloutStatus.RUNNING:
-                values.setdefault("started_at", now)
-            if status in FINAL_STATUSES:
-                values.setdefault("finished_at", now)
+        """Write a rollout's columns other than its status (which only `report` changes).
+        `merge_meta`: keys merged into its metadata in the same transaction; `append_meta`:
+        items appended to lists in it. Returns the rollout as the write left it."""
+        change = lifecycle.Change(
+            merge_meta=dict(merge_meta or {}), append_meta=dict(append_meta or {})
+        )
+        return await self._write(rollout_id, _checked(values), change)
+
+    async def report(self, rollout_id: str, event: events.Event, **values: Any) -> RolloutView:
+        """Report what happened to a rollout (store/events.py); its life decides what that makes
+        its status, when the write runs (store/lifecycle.py: an ended rollout's status never
+        changes; IllegalTransition). `values`: other columns written with it (hack flags; the
+        admin API's reward). Returns the rollout as the write left it (what another writer
+        ended it with first, say)."""
+        written, change = lifecycle.transition(event, _checked(values), datetime.now(UTC))
+        return await self._write(rollout_id, written, change)
+
+    async def _write(
+        self, rollout_id: str, values: dict[str, Any], change: lifecycle.Change
+    ) -> RolloutView:
         if values.get("hack_flags") is not None:
             from ..analysis import hacks
 
             values["hack_flags"] = hacks.as_stored(values["hack_flags"])
-        allowed = None if only_from is None else frozenset(s.value for s in only_from)
-        change = lifecycle.Change(
-            allowed, keep_ending, dict(merge_meta or {}), dict(append_meta or {})
-        )
         view: RolloutView = await self._writes().submit(UpdateRollout(rollout_id, values, change))
         if values.get("status") in _FINAL_VALUES:
             for listener in list(self._on_finished):
@@ -479,3 +472,12 @@ def _validated(record: CallRecord) -> CallRecord:
         if array.ndim not in (2, 3) or array.dtype.name not in routed.DTYPES:
             raise InvalidTokens(f"routed experts of shape {array.shape} and dtype {array.dtype}")
     return record
+
+
+def _checked(values: dict[str, Any]) -> dict[str, Any]:
+    if "status" in values:
+        raise TypeError("a rollout's status changes by Store.report(rollout_id, event) alone")
+    unknown = set(values) - _UPDATABLE
+    if unknown:
+        raise TypeError(f"cannot update rollout fields {sorted(unknown)}")
+    return values

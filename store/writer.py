@@ -672,7 +672,7 @@ def _create_rollout(conn: Connection, op: CreateRollout) -> None:
             attempt=new.attempt,
             harness=new.harness,
             model=new.model,
-            status=RolloutStatus.PENDING.value,
+            status=lifecycle.CREATED.value,
             max_calls=new.max_calls,
             max_tokens=new.max_tokens,
             created_at=datetime.now(UTC),

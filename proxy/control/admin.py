@@ -20,6 +20,7 @@ from aiohttp import web
 
 from ...export.export import rollout_dict
 from ...store import IllegalTransition, NewRollout, NotFound, RolloutStatus, RolloutView
+from ...store.events import Declared
 from ...store.store import FINAL_STATUSES
 from ..context import CONTEXT, ProxyContext
 from ..dialects.errors import BadRequest, Conflict, NotFoundError, ProxyError, Unauthorized
@@ -190,7 +191,11 @@ async def update_rollout(request: web.Request) -> web.Response:
         # "succeeded" is FINISHED's old name: clients written before the rename still work.
         raise BadRequest(f"status {body['status']!r} is not one of {', '.join(_STATUSES)}")
     try:
-        view = await ctx.store.update_rollout(rollout_id, **body)
+        if "status" in body:
+            declared = Declared(RolloutStatus(body.pop("status")))
+            view = await ctx.store.report(rollout_id, declared, **body)
+        else:
+            view = await ctx.store.update_rollout(rollout_id, **body)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
     except IllegalTransition as e:

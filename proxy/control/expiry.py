@@ -18,12 +18,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from ...store import DatabaseUnavailable, RolloutStatus
+from ...store import DatabaseUnavailable
+from ...store.events import IdleExpired
 from ..context import CONTEXT, ProxyContext
 
 log = logging.getLogger("rolltap.proxy")
-
-_UNFINISHED = (RolloutStatus.PENDING, RolloutStatus.RUNNING)
 
 
 async def expire_idle(ctx: ProxyContext, idle: float) -> list[str]:
@@ -32,12 +31,8 @@ async def expire_idle(ctx: ProxyContext, idle: float) -> list[str]:
     for rollout_id in await ctx.store.idle_unbatched(idle):
         if ctx.rollouts.busy(rollout_id):
             continue
-        await ctx.store.update_rollout(
-            rollout_id,
-            only_from=_UNFINISHED,
-            status=RolloutStatus.EXPIRED,
-            error=f"expired: no call for {idle:g} s and nothing ends it (not in a batch)",
-        )
+        why = f"expired: no call for {idle:g} s and nothing ends it (not in a batch)"
+        await ctx.store.report(rollout_id, IdleExpired(why))
         expired.append(rollout_id)
     return expired
 

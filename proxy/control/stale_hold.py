@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...store import RolloutStatus
-from ...store.lifecycle import OPEN
+from ...store.events import StaleDropped, StaleMarked
+from ...store.lifecycle import status_of
 from ..context import ProxyContext
 from ..rollouts import RolloutState
 from .staleness import ENDS_ROLLOUT, MARK, StalePolicy, StaleRollout
@@ -31,26 +31,21 @@ async def hold_bound(ctx: ProxyContext, state: RolloutState) -> None:
     if not state.stale_marked:
         # Before the first await: concurrent calls of the rollout find it marked (and ended).
         state.stale_marked = True
-        if ends:
-            state.status = RolloutStatus.CANCELLED
-        mark = {
+        mark: dict[str, Any] = {
             "action": bound.policy.value,
             "gap": gap,
             "max_staleness": bound.max_staleness,
             "oldest_version": oldest,
             "version": ctx.hold.weight_version,
         }
-        await _record(ctx, state.id, mark, message if ends else None)
+        # meta["stale"] (and, when the bound ends the rollout, its ending) in one write; a
+        # rollout something else ended meanwhile keeps its own ending.
+        event: StaleDropped | StaleMarked
+        if ends:
+            event = StaleDropped(message, {MARK: mark})
+            state.status = status_of(event)
+        else:
+            event = StaleMarked({MARK: mark})
+        await ctx.store.report(state.id, event)
     if ends:
         raise StaleRollout(message, code="rollout_stale")
-
-
-async def _record(
-    ctx: ProxyContext, rollout_id: str, mark: dict[str, Any], ended: str | None
-) -> None:
-    """meta["stale"] (and, when the bound ends the rollout, its status) in one write; a rollout
-    something else ended meanwhile keeps its own ending."""
-    values: dict[str, Any] = {}
-    if ended is not None:
-        values |= {"status": RolloutStatus.CANCELLED, "error": ended}
-    await ctx.store.update_rollout(rollout_id, only_from=OPEN, merge_meta={MARK: mark}, **values)

@@ -25,7 +25,9 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ...store import RolloutStatus, RolloutView, Store
+from ...store import RolloutView, Store
+from ...store.events import AttemptLost
+from ...store.lifecycle import status_of
 from ..harnesses import Ending
 from ..plan import INFRA, Planned, finished, next_attempt
 from ..rollout import RolloutResult
@@ -155,13 +157,8 @@ def _recorded(view: RolloutView, planned: Planned) -> RolloutResult:
 async def _lost(store: Store, planned: Planned, why: str) -> RolloutResult:
     """Out of retries: the attempt failed for the machine's reasons, as a local one would."""
     error = f"infrastructure: {why}"
-    view = await store.update_rollout(
-        planned.rollout_id,
-        keep_ending=True,
-        status=RolloutStatus.FAILED,
-        error=error,
-        merge_meta={INFRA: True},
-    )
+    lost = AttemptLost(error, {INFRA: True})
+    view = await store.report(planned.rollout_id, lost)
     if view.n_calls:
         await store.analyze_rollout(view.id)
     return RolloutResult(
@@ -169,7 +166,7 @@ async def _lost(store: Store, planned: Planned, why: str) -> RolloutResult:
         planned.task.id,
         planned.sample_index,
         view.attempt,
-        RolloutStatus.FAILED,
+        status_of(lost),
         None,
         None,
         error,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ...proxy.control.staleness import BOUND, StaleBound, StalePolicy, ended_stale
 from ...store import RolloutStatus, Store
-from ...store.lifecycle import OPEN
+from ...store.events import Cancelled
 from ...store.store import FINAL_STATUSES
 from ..plan import Planned, plan, relaunch
 from ..rollout import RolloutResult
@@ -212,9 +212,7 @@ class Scheduler:
                 view = await self._store.rollout(rollout_id)
                 if view.status in FINAL_STATUSES:
                     continue
-                await self._store.update_rollout(
-                    rollout_id, status=RolloutStatus.CANCELLED, error=why, only_from=OPEN
-                )
+                await self._store.report(rollout_id, Cancelled(why))
                 if view.n_calls:
                     await self._store.analyze_rollout(rollout_id)
                 self._store.forget(rollout_id)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.store import CallStatus, NewRollout
+from rolltap.store.events import Declared
 from tests.support.records import call
 from tests.support.stores import opened_store
 from tests.support.tamper import fetch, tamper
@@ -31,9 +32,7 @@ def _batch(url: str) -> list[tuple[str, list[str]]]:
                 refused = call(rollout.id, [], status=CallStatus.REJECTED, http_status=403)
                 refused.error = f"rollout {rollout.id} used its budget of 2 calls"
                 ids.append((await store.append_call(refused)).call_id)
-                await store.update_rollout(
-                    rollout.id, status="budget_exceeded", error=refused.error
-                )
+                await store.report(rollout.id, Declared("budget_exceeded"), error=refused.error)
                 made.append((rollout.id, ids))
         return made
 

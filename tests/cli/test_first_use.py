@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rolltap.store import NewRollout, RolloutStatus
+from rolltap.store.events import Declared
 from tests.cli.test_mistakes import one_line_error
 from tests.support.cli import rolltap
 from tests.support.processes import ROOT, free_port
@@ -77,7 +78,7 @@ def test_a_resumed_batch_says_it_resumes(tmp_path: Path) -> None:
             created = await store.create_rollout(
                 NewRollout(batch_id="b1", task_id="t", sample_index=0, harness="oracle")
             )
-            await store.update_rollout(created.id, status=RolloutStatus.RUNNING)
+            await store.report(created.id, Declared(RolloutStatus.RUNNING))
 
     asyncio.run(interrupted())
     common = ("run", "tasks.jsonl", "--harness", "oracle", "--sandbox", "local", "--db", db)

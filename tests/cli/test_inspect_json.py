@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.store import CallStatus, EgressRecord, EgressVerdict, NewRollout
+from rolltap.store.events import Declared
 from rolltap.store.ids import new_id
 from tests.support.records import call
 from tests.support.stores import opened_store
@@ -80,13 +81,13 @@ def _populate(url: str) -> tuple[str, str]:
         async with opened_store(url) as store:
             old = await store.create_rollout(NewRollout(batch_id="b", task_id="old", meta={"k": 1}))
             new = await store.create_rollout(NewRollout(batch_id="b", task_id="new", harness="h"))
-            await store.update_rollout(new.id, status="running")
+            await store.report(new.id, Declared("running"))
             await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6]))
             await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 9], [7]))
             refused = call(new.id, [], status=CallStatus.REJECTED, http_status=403)
             refused.error = "budget spent"
             await store.append_call(refused)
-            await store.update_rollout(new.id, status="finished", reward=1.0)
+            await store.report(new.id, Declared("finished"), reward=1.0)
         return old.id, new.id
 
     return asyncio.run(run())

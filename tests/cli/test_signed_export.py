@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 
 from rolltap.cli.main import cli
 from rolltap.store import NewRollout
+from rolltap.store.events import Declared
 from tests.support.records import call
 from tests.support.stores import opened_store
 from tests.support.tamper import fetch, tamper
@@ -43,7 +44,7 @@ def _store(url: str) -> list[tuple[str, list[str]]]:
                         response_body=json.dumps(reply).encode(),
                     )
                     ids.append((await store.append_call(record)).call_id)
-                await store.update_rollout(rollout.id, status="finished", reward=1.0)
+                await store.report(rollout.id, Declared("finished"), reward=1.0)
                 made.append((rollout.id, ids))
         return made
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.store import CallStatus, NewRollout, Store
+from rolltap.store.events import Declared
 from tests.support.records import call
 from tests.support.stores import opened_store
 
@@ -42,7 +43,7 @@ async def _one_rollout(tmp_path: Path) -> tuple[str, str]:
     url = f"sqlite:///{tmp_path}/cli.sqlite"
     store = await Store.connect(url)
     created = await store.create_rollout(NewRollout(batch_id="b", task_id="t"))
-    await store.update_rollout(created.id, status="finished", reward=1.0)
+    await store.report(created.id, Declared("finished"), reward=1.0)
     await store.close()
     return url, created.id
 
@@ -78,11 +79,11 @@ def test_listing_reads_what_the_store_reads_on_either_database(db_url: str) -> N
             full = await store.create_rollout(
                 NewRollout(batch_id="b", task_id="t", sample_index=1, harness="h", meta={"k": 1})
             )
-            await store.update_rollout(full.id, status="running")
+            await store.report(full.id, Declared("running"))
             await store.append_call(call(full.id, [1, 2, 3], [4, 5]))
             await store.append_call(call(full.id, [], status=CallStatus.REJECTED))
-            await store.update_rollout(
-                full.id, status="finished", reward=0.5, reward_details={"ending": "finished"}
+            await store.report(
+                full.id, Declared("finished"), reward=0.5, reward_details={"ending": "finished"}
             )
             return [(await store.rollout(r.id)).as_dict() for r in (full, plain)]
 

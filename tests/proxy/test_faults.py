@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from rolltap.store import CallStatus, Capture, Store
+from rolltap.store.events import Declared
 from tests.support.fake_vllm import IM_END, DieAfter, FakeVLLM, Reply, Status, encode, render
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 
@@ -216,7 +217,7 @@ async def test_unknown_key_is_401_and_never_attributed(store: Store, sdk: OpenAI
 async def test_finished_rollout_takes_no_more_calls(store: Store, sdk: OpenAIFactory) -> None:
     async with fake_engine() as engine, running_proxy(store, engine.url) as proxy:
         rollout_id, key = await new_rollout(store)
-        await store.update_rollout(rollout_id, status="finished")
+        await store.report(rollout_id, Declared("finished"))
         client = sdk(f"{proxy.url}/r/{key}/v1", max_retries=0)
 
         with pytest.raises(openai.PermissionDeniedError, match="takes no more calls"):

@@ -6,6 +6,7 @@ import aiohttp
 
 from rolltap.analysis.hacks import HackFlag
 from rolltap.store import Store
+from rolltap.store.events import Declared
 from tests.support.proxy import new_rollout, running_proxy
 
 
@@ -15,11 +16,11 @@ async def test_flagged_rollouts_are_counted_per_detector(store: Store) -> None:
         first, _ = await new_rollout(store)
         second, _ = await new_rollout(store)
         clean, _ = await new_rollout(store)
-        await store.update_rollout(first, status="finished", hack_flags=[git, git])
-        await store.update_rollout(
-            second, status="timed_out", hack_flags=[git, HackFlag("idle_clock", "ran out")]
+        await store.report(first, Declared("finished"), hack_flags=[git, git])
+        await store.report(
+            second, Declared("timed_out"), hack_flags=[git, HackFlag("idle_clock", "ran out")]
         )
-        await store.update_rollout(clean, status="finished", hack_flags=[])
+        await store.report(clean, Declared("finished"), hack_flags=[])
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{proxy.url}/metrics") as resp:
                 text = await resp.text()

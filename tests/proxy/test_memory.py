@@ -19,6 +19,7 @@ import pytest
 from rolltap.analysis import trajectory
 from rolltap.proxy.context import ProxyContext
 from rolltap.store import NewRollout, Store
+from rolltap.store.events import Declared
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
 from tests.support.records import call
 
@@ -59,7 +60,7 @@ async def test_finished_rollouts_leave_the_proxys_caches(store: Store) -> None:
         # Half finish through the admin API, half as the runner does, through the store.
         for i, (rollout_id, _) in enumerate(rollouts):
             if i % 2:
-                await store.update_rollout(rollout_id, status="failed")
+                await store.report(rollout_id, Declared("failed"))
                 continue
             async with session.patch(
                 f"{proxy.url}/admin/rollouts/{rollout_id}", json={"status": "finished"}

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from rolltap.store import CallStatus, Capture, Store
+from rolltap.store.events import Declared
 from tests.support.cli import rolltap
 from tests.support.fake_vllm import FakeVLLM, Reply, render, routed_experts
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
@@ -285,7 +286,7 @@ async def test_token_in_rollout_trajectory_parquet_and_atif_carry_aligned_routin
                 {"role": "user", "content": f"result {turn}"},
             ]
         calls = sorted(await store.calls(rollout_id), key=lambda c: c.seq)
-        await store.update_rollout(rollout_id, status="succeeded", reward=1.0)
+        await store.report(rollout_id, Declared("succeeded"), reward=1.0)
 
     assert [c.bridge for c in calls] == ["first_turn", "bridged", "bridged"]
     paths = {path for path, _, _ in fake.requests}

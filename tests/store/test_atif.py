@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from rolltap.cli.main import cli
 from rolltap.export.atif import SCHEMA_VERSION, rollout_atif
 from rolltap.store import Store
+from rolltap.store.events import Declared
 from tests.support import atif_spec
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
@@ -112,7 +113,7 @@ async def _session(store: Store, dialect: str) -> str:
     ):
         rollout_id, key = await new_rollout(store, task_id=f"atif-{dialect}", harness="h")
         await SESSIONS[dialect](session, f"{proxy.url}/r/{key}")
-    await store.update_rollout(rollout_id, status="finished", reward=1.0)
+    await store.report(rollout_id, Declared("finished"), reward=1.0)
     return rollout_id
 
 

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.store import NewRollout
+from rolltap.store.events import Declared
 from tests.support.records import call
 from tests.support.stores import opened_store
 
@@ -21,7 +22,7 @@ def _populate(url: str) -> tuple[str, str]:
             new = await store.create_rollout(NewRollout(batch_id="b", task_id="new-task"))
             await store.append_call(call(new.id, [1, 2, 3], [4, 5, 6, 7], purpose="title"))
             await store.append_call(call(new.id, [1, 2, 3, 4, 5, 6, 7, 8], [9]))
-            await store.update_rollout(new.id, status="finished", reward=1.0)
+            await store.report(new.id, Declared("finished"), reward=1.0)
         return old.id, new.id
 
     return asyncio.run(run())

@@ -40,6 +40,7 @@ from rolltap.engine.launch import EngineProcess
 from rolltap.engine.model import default_gguf_path
 from rolltap.proxy.server import RunningProxy
 from rolltap.store import CallStatus, RolloutStatus, Store
+from rolltap.store.events import Declared
 from rolltap.store.models import DriftClass, LinkKind
 from tests.support.chats import QWEN3_STYLE
 from tests.support.proxy import OpenAIFactory, new_rollout, running_proxy
@@ -259,7 +260,7 @@ async def first_difference(store: Store, parent_call: str, child_call: str) -> i
 
 
 async def assert_reward_everywhere(rollout: Rollout, reward: float) -> RolloutTrajectories:
-    await rollout.store.update_rollout(rollout.id, status=RolloutStatus.SUCCEEDED, reward=reward)
+    await rollout.store.report(rollout.id, Declared(RolloutStatus.SUCCEEDED), reward=reward)
     built = await rollout.store.rollout_trajectories(rollout.id)
     assert built.trajectories
     assert all(t.reward == reward for t in built.trajectories)

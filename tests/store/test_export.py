@@ -20,6 +20,7 @@ import rolltap.store
 from rolltap.cli.export import export
 from rolltap.export.export import rollout_dict, rollout_trajectory_json
 from rolltap.store import NewRollout, StoreReader
+from rolltap.store.events import Declared
 from tests.support.chats import Recorder, Renderer, smollm2_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -48,7 +49,7 @@ def _rollout(
     reader.run(rec.call(messages, first, rec.answer("No.")))
     messages += [{"role": "assistant", "content": "HAVING"}, {"role": "user", "content": "More."}]
     reader.run(rec.call(messages, rec.answer("HAVING!")))
-    reader.run(reader.store.update_rollout(created.id, status=status, reward=reward))
+    reader.run(reader.store.report(created.id, Declared(status), reward=reward))
     return created.id
 
 

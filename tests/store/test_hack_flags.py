@@ -17,6 +17,7 @@ from rolltap.export.atif import rollout_atif
 from rolltap.export.export import open_writer
 from rolltap.store import CallDialect, CallStatus, NewRollout, Store
 from rolltap.store.chain import GENESIS_HEX, sealed_head
+from rolltap.store.events import Declared
 from tests.support.records import call
 from tests.support.tamper import fetch, tamper
 
@@ -71,7 +72,7 @@ async def _rollout(store: Store, dialect: CallDialect, commands: list[str], outp
     """One call per command, each request holding the conversation so far (as a harness sends
     it), then the rollout ends."""
     rollout = await store.create_rollout(NewRollout(task_id="t", meta=AUDIT))
-    await store.update_rollout(rollout.id, status="running")
+    await store.report(rollout.id, Declared("running"))
     ids = []
     for n in range(1, len(commands) + 1):
         body = BODIES[dialect](commands[:n], outputs[: n - 1])
@@ -79,7 +80,7 @@ async def _rollout(store: Store, dialect: CallDialect, commands: list[str], outp
         record.dialect = dialect
         ids.append((await store.append_call(record)).call_id)
     if end:
-        await store.update_rollout(rollout.id, status="finished", reward=1.0)
+        await store.report(rollout.id, Declared("finished"), reward=1.0)
     return rollout.id, ids
 
 
@@ -149,7 +150,7 @@ async def test_flags_given_with_the_end_are_sealed_with_it_even_without_calls(
     seen: list[tuple[str, list[HackFlag]]] = []
     undo = store.on_hack_flags(lambda r, f: seen.append((r, f)))
 
-    await store.update_rollout(rollout.id, status="timed_out", hack_flags=[flag])
+    await store.report(rollout.id, Declared("timed_out"), hack_flags=[flag])
     undo()
     view = await store.rollout(rollout.id)
 
@@ -166,7 +167,7 @@ async def test_flags_of_a_running_rollout_are_sealed_when_it_ends(store: Store) 
     await store.check_hacks(rollout_id, save=True)
     assert (await store.rollout(rollout_id)).head_hash is None
 
-    await store.update_rollout(rollout_id, status="finished", reward=0.0)
+    await store.report(rollout_id, Declared("finished"), reward=0.0)
     view = await store.rollout(rollout_id)
 
     assert view.hack_flags is not None

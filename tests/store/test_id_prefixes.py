@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from rolltap.cli.main import cli
 from rolltap.store import AmbiguousId, NewRollout, NotFound
 from rolltap.store import open as open_store
+from rolltap.store.events import Declared
 from tests.cli.test_mistakes import one_line_error
 from tests.support.cli import rolltap
 from tests.support.records import call
@@ -28,7 +29,7 @@ def _populate(url: str) -> tuple[list[str], str]:
                 created = await store.create_rollout(NewRollout(batch_id=batch, task_id="t"))
                 ids.append(created.id)
             receipt = await store.append_call(call(ids[0], [1, 2, 3], [4, 5]))
-            await store.update_rollout(ids[0], status="finished", reward=1.0)
+            await store.report(ids[0], Declared("finished"), reward=1.0)
             return ids, receipt.call_id
 
     return asyncio.run(run())

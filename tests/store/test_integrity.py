@@ -13,6 +13,7 @@ import pytest
 from rolltap.audit.integrity import IssueKind, RolloutIntegrity
 from rolltap.store import CallStatus, NewRollout, Store
 from rolltap.store.chain import GENESIS_HEX, call_digest, encode, link
+from rolltap.store.events import Declared
 from tests.support.records import call
 from tests.support.tamper import fetch, tamper
 
@@ -21,7 +22,7 @@ async def _agent_rollout(store: Store) -> tuple[str, list[str]]:
     """Five calls as an agent makes them: each prompt extends the last answer (stored as a delta
     of it), bodies on every call, two choices on one, and a refused request in the middle."""
     rollout = await store.create_rollout(NewRollout(task_id="t"))
-    await store.update_rollout(rollout.id, status="running")
+    await store.report(rollout.id, Declared("running"))
     prompt = list(range(100, 140))
     ids = []
     for turn in range(4):
@@ -42,7 +43,7 @@ async def _agent_rollout(store: Store) -> tuple[str, list[str]]:
             refused = call(rollout.id, [], status=CallStatus.REJECTED, http_status=400)
             refused.error = "request body is not valid JSON"
             ids.append((await store.append_call(refused)).call_id)
-    await store.update_rollout(rollout.id, status="finished", reward=1.0)
+    await store.report(rollout.id, Declared("finished"), reward=1.0)
     return rollout.id, ids
 
 
@@ -274,7 +275,7 @@ async def test_a_rewritten_head_is_caught(store: Store, db_url: str) -> None:
 async def test_a_rollout_without_calls_seals_an_empty_chain(store: Store) -> None:
     rollout = await store.create_rollout()
     running = await store.verify_rollout(rollout.id)
-    await store.update_rollout(rollout.id, status="failed")
+    await store.report(rollout.id, Declared("failed"))
 
     ended = await store.verify_rollout(rollout.id)
 
@@ -308,7 +309,7 @@ async def test_writers_appending_to_one_rollout_keep_one_chain(db_url: str, writ
                 )
 
         await asyncio.gather(*(append(s, 10) for s in stores))
-        await stores[1].update_rollout(rollout.id, status="finished")
+        await stores[1].report(rollout.id, Declared("finished"))
         result = await stores[2].verify_rollout(rollout.id)
     finally:
         for s in stores:

@@ -9,18 +9,19 @@ import asyncio
 import pytest
 
 from rolltap.store import IllegalTransition, NewRollout, RolloutStatus, Store
+from rolltap.store.events import Declared, HarnessEnded, Started
 from rolltap.store.lifecycle import ENDED, NEXT, OPEN
 
 
 async def test_an_ended_rollout_never_changes_status(store: Store) -> None:
     rid = (await store.create_rollout(NewRollout())).id
-    await store.update_rollout(rid, status=RolloutStatus.RUNNING)
-    await store.update_rollout(rid, status=RolloutStatus.BUDGET_EXCEEDED, error="budget")
+    await store.report(rid, Declared(RolloutStatus.RUNNING))
+    await store.report(rid, Declared(RolloutStatus.BUDGET_EXCEEDED), error="budget")
 
     with pytest.raises(IllegalTransition, match="is budget_exceeded: it cannot become finished"):
-        await store.update_rollout(rid, status=RolloutStatus.FINISHED, reward=1.0)
+        await store.report(rid, Declared(RolloutStatus.FINISHED), reward=1.0)
     with pytest.raises(IllegalTransition, match="cannot become running"):
-        await store.update_rollout(rid, status=RolloutStatus.RUNNING)
+        await store.report(rid, Declared(RolloutStatus.RUNNING))
 
     view = await store.rollout(rid)
     assert (view.status, view.reward, view.error) == (RolloutStatus.BUDGET_EXCEEDED, None, "budget")
@@ -28,24 +29,17 @@ async def test_an_ended_rollout_never_changes_status(store: Store) -> None:
 
 async def test_running_never_goes_back_to_pending(store: Store) -> None:
     rid = (await store.create_rollout(NewRollout())).id
-    await store.update_rollout(rid, status=RolloutStatus.RUNNING)
+    await store.report(rid, Declared(RolloutStatus.RUNNING))
     with pytest.raises(IllegalTransition):
-        await store.update_rollout(rid, status=RolloutStatus.PENDING)
+        await store.report(rid, Declared(RolloutStatus.PENDING))
 
 
 async def test_the_runner_s_ending_keeps_the_proxy_s_and_records_the_reward(store: Store) -> None:
     rid = (await store.create_rollout(NewRollout())).id
-    await store.update_rollout(rid, status=RolloutStatus.BUDGET_EXCEEDED, error="its budget")
+    await store.report(rid, Declared(RolloutStatus.BUDGET_EXCEEDED), error="its budget")
     first = (await store.rollout(rid)).finished_at
 
-    await store.update_rollout(
-        rid,
-        keep_ending=True,
-        status=RolloutStatus.FINISHED,
-        reward=0.5,
-        error=None,
-        merge_meta={"logs_dir": "/logs"},
-    )
+    await store.report(rid, HarnessEnded(0.5, meta={"logs_dir": "/logs"}))
 
     view = await store.rollout(rid)
     assert (view.status, view.error, view.reward) == (
@@ -59,8 +53,8 @@ async def test_the_runner_s_ending_keeps_the_proxy_s_and_records_the_reward(stor
 
 async def test_a_guarded_step_that_no_longer_applies_is_skipped(store: Store) -> None:
     rid = (await store.create_rollout(NewRollout())).id
-    await store.update_rollout(rid, status=RolloutStatus.CANCELLED, error="cancelled first")
-    await store.update_rollout(rid, status=RolloutStatus.RUNNING, only_from=[RolloutStatus.PENDING])
+    await store.report(rid, Declared(RolloutStatus.CANCELLED), error="cancelled first")
+    await store.report(rid, Started())
     assert (await store.rollout(rid)).status is RolloutStatus.CANCELLED
 
 
@@ -82,11 +76,9 @@ async def test_concurrent_list_appends_keep_every_item(store: Store) -> None:
 
 async def test_an_update_returns_the_row_as_the_write_left_it(store: Store) -> None:
     rid = (await store.create_rollout(NewRollout())).id
-    await store.update_rollout(rid, status=RolloutStatus.BUDGET_EXCEEDED, error="its budget")
+    await store.report(rid, Declared(RolloutStatus.BUDGET_EXCEEDED), error="its budget")
 
-    view = await store.update_rollout(
-        rid, keep_ending=True, status=RolloutStatus.FINISHED, reward=1.0, merge_meta={"a": 1}
-    )
+    view = await store.report(rid, HarnessEnded(1.0, meta={"a": 1}))
 
     assert (view.status, view.error, view.reward, view.meta) == (
         RolloutStatus.BUDGET_EXCEEDED,
@@ -94,9 +86,7 @@ async def test_an_update_returns_the_row_as_the_write_left_it(store: Store) -> N
         1.0,
         {"a": 1},
     )
-    skipped = await store.update_rollout(
-        rid, status=RolloutStatus.RUNNING, only_from=[RolloutStatus.PENDING]
-    )
+    skipped = await store.report(rid, Started())
     assert skipped == await store.rollout(rid)
 
 

@@ -21,6 +21,7 @@ from rolltap.store import (
     NewRollout,
     Store,
 )
+from rolltap.store.events import Declared
 
 VOCAB = 1_000
 
@@ -80,7 +81,7 @@ async def _rollout(store: Store, name: str, seed: int) -> str:
         prompt = np.concatenate([sequence, _ids(rng, 7)])
         if name == "one call":
             break
-    await store.update_rollout(rid, status="finished", reward=0.5)
+    await store.report(rid, Declared("finished"), reward=0.5)
     return rid
 
 

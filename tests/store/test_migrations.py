@@ -6,6 +6,7 @@ from click.testing import CliRunner
 
 from rolltap.cli.main import cli
 from rolltap.store import Store, migrate
+from rolltap.store.events import Declared
 from tests.support.stores import opened_store
 
 
@@ -54,8 +55,8 @@ async def test_succeeded_becomes_finished_and_back(store: Store) -> None:
 
     done = (await store.create_rollout()).id
     lost = (await store.create_rollout()).id
-    await store.update_rollout(done, status=RolloutStatus.FINISHED, reward=0.0)
-    await store.update_rollout(lost, status=RolloutStatus.EXPIRED)
+    await store.report(done, Declared(RolloutStatus.FINISHED), reward=0.0)
+    await store.report(lost, Declared(RolloutStatus.EXPIRED))
 
     def move(conn: Connection, revision: str, *, down: bool) -> None:
         config = migrate.alembic_config()

@@ -16,6 +16,7 @@ from rolltap.store import (
     ReadOnly,
     Store,
 )
+from rolltap.store.events import Declared
 from rolltap.store.migrate import SchemaOutOfDate, head_revision
 from rolltap.store.queries import DRIFT_FILTERS
 from tests.support.records import call
@@ -43,7 +44,7 @@ async def _fill(store: Store) -> dict[str, str]:
     await store.append_call(call(ids["clean"], [1, 2], [3]))
     await store.append_call(call(ids["clean"], [1, 2, 3, 8], [9]))
     for name, reward in [("broken", 1.0), ("clean", 0.0), ("half", 0.5)]:
-        await store.update_rollout(ids[name], status="finished", reward=reward)
+        await store.report(ids[name], Declared("finished"), reward=reward)
     await store.analyze_rollout(ids["broken"])
     await store.analyze_rollout(ids["clean"])
     other = await store.create_rollout(NewRollout(batch_id="c", task_id="t9"))

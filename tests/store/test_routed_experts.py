@@ -9,6 +9,7 @@ import numpy.typing as npt
 from sqlalchemy import func, select
 
 from rolltap.store import NewRollout, RolloutStatus, Store
+from rolltap.store.events import Declared
 from rolltap.store.models import routed_experts_table
 from tests.support.records import call
 from tests.support.stores import opened_store
@@ -62,7 +63,7 @@ async def test_a_conversation_stores_its_prefix_once_and_reads_back_exactly(
     assert await _stored_bytes(store, rollout.id) == last
     assert last < whole / 2
 
-    await store.update_rollout(rollout.id, status=RolloutStatus.SUCCEEDED, reward=1.0)
+    await store.report(rollout.id, Declared(RolloutStatus.SUCCEEDED), reward=1.0)
     (t,) = (await store.rollout_trajectories(rollout.id)).trajectories
     ids = [*t.prompt_ids.tolist(), *t.response_ids.tolist()]
     assert t.routed_experts is not None
@@ -107,7 +108,7 @@ async def test_a_trajectory_without_its_last_calls_routing_has_none(store: Store
     ids = list(range(1, 21))
     await store.append_call(call(rollout.id, ids[:15], ids[15:], routed_experts={0: _routing(ids)}))
     await store.append_call(call(rollout.id, [*ids, 3, 4], [9, 9]))
-    await store.update_rollout(rollout.id, status=RolloutStatus.SUCCEEDED)
+    await store.report(rollout.id, Declared(RolloutStatus.SUCCEEDED))
     (t,) = (await store.rollout_trajectories(rollout.id)).trajectories
     assert len(t.call_ids) == 2
     assert t.routed_experts is None

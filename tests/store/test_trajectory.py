@@ -11,6 +11,7 @@ import rolltap.store
 from rolltap.analysis.segments import SegmentRole
 from rolltap.analysis.trajectory import RolloutTrajectories
 from rolltap.store import CallStatus, Capture, NewRollout, Store
+from rolltap.store.events import Declared
 from rolltap.store.models import DriftClass, LinkKind, segment_break_table
 from tests.support.chats import Recorder, Renderer, smollm2_tokenizer
 
@@ -245,8 +246,8 @@ async def test_reward_and_selection_reach_the_reader(
     other = await _recorder(store, smollm2, batch_id="b2", task_id="t", sample_index=0)
     for rec in (wins, loses, other):
         await rec.call([SYSTEM, {"role": "user", "content": "Say yes."}], rec.answer("Yes."))
-    await store.update_rollout(wins.rollout_id, status="finished", reward=1.0)
-    await store.update_rollout(loses.rollout_id, status="failed", reward=0.0)
+    await store.report(wins.rollout_id, Declared("finished"), reward=1.0)
+    await store.report(loses.rollout_id, Declared("failed"), reward=0.0)
 
     seen = [t async for t in store.trajectories(batch="b1")]
     assert {(t.rollout_id, t.reward) for t in seen} == {

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.dialects import sqlite
 
 from rolltap.store import NewRollout, NotFound, Store, StoreReader
+from rolltap.store.events import Declared
 from rolltap.store.models import call_table
 from tests.support.records import call
 from tests.support.stores import opened_store
@@ -38,7 +39,7 @@ async def test_concurrent_appends_share_commits_and_are_durable_when_awaited(
 async def test_one_bad_write_fails_alone(store: Store) -> None:
     rollout = await store.create_rollout()
     good = [store.append_call(call(rollout.id, [1], [2])) for _ in range(5)]
-    bad = store.update_rollout("no-such-rollout", status="failed")
+    bad = store.report("no-such-rollout", Declared("failed"))
     orphan = store.append_call(call("no-such-rollout", [1], [2]))
 
     results = await asyncio.gather(*good, bad, orphan, return_exceptions=True)
@@ -53,9 +54,9 @@ async def test_rollout_lifecycle_and_listing(store: Store) -> None:
     first = await store.create_rollout(NewRollout(batch_id="b1", task_id="a", sample_index=0))
     second = await store.create_rollout(NewRollout(batch_id="b1", task_id="a", sample_index=1))
     other = await store.create_rollout(NewRollout(batch_id="b2", task_id="z"))
-    await store.update_rollout(first.id, status="running")
-    await store.update_rollout(
-        first.id, status="finished", reward=0.5, reward_details={"reward": 0.5, "tests": 3}
+    await store.report(first.id, Declared("running"))
+    await store.report(
+        first.id, Declared("finished"), reward=0.5, reward_details={"reward": 0.5, "tests": 3}
     )
     await store.append_call(call(first.id, [1, 2, 3], [4, 5]))
 

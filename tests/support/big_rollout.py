@@ -26,6 +26,7 @@ from rolltap.store import (
     NewRollout,
     Store,
 )
+from rolltap.store.events import Declared
 
 WORDS = [
     "the",
@@ -174,9 +175,9 @@ async def write_big_rollout(
         ]
         glue = f"\n<|im_start|>tool\n{output}<|im_end|>\n<|im_start|>assistant\n"
         prompt = np.concatenate([prompt, sampled, ids(glue)])
-    await store.update_rollout(
+    await store.report(
         rid,
-        status="finished",
+        Declared("finished"),
         reward=1.0,
         meta={
             "verifier_tail": "1 passed in 0.03s",

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from rolltap.store import NewRollout, RolloutStatus
+from rolltap.store.events import Declared
 from tests.support.audit_rollouts import Made
 from tests.support.processes import free_port
 from tests.support.stores import opened_store
@@ -45,7 +46,7 @@ def viewer(fake_store: tuple[str, Made]) -> Iterator[tuple[str, str]]:
                         harness="mini-swe-agent",
                     )
                 )
-                await store.update_rollout(made.id, status=RolloutStatus.BUDGET_EXCEEDED)
+                await store.report(made.id, Declared(RolloutStatus.BUDGET_EXCEEDED))
             # As `curl -X POST /admin/rollouts -d '{"task_id": "t1"}'` makes it: no batch.
             return (await store.create_rollout(NewRollout(task_id="t1"))).id
 

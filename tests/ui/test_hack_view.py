@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from rolltap.store import NewRollout, Store
+from rolltap.store.events import Declared
 from rolltap.ui import UIContext, UISettings, make_app
 from tests.support.records import call
 from tests.support.stores import opened_store
@@ -38,13 +39,13 @@ def _request(commands: list[str]) -> bytes:
 
 async def _rollout(store: Store, task: str, commands: list[str], *, check: bool = True) -> str:
     rollout = await store.create_rollout(NewRollout(batch_id="hb", task_id=task))
-    await store.update_rollout(rollout.id, status="running")
+    await store.report(rollout.id, Declared("running"))
     for n in range(1, len(commands) + 1):
         body = _request(commands[:n])
         await store.append_call(
             call(rollout.id, [1, 2], [3], request_body=body, response_body=ANSWER)
         )
-    await store.update_rollout(rollout.id, status="finished", reward=1.0)
+    await store.report(rollout.id, Declared("finished"), reward=1.0)
     if check:
         await store.check_hacks(rollout.id, save=True)
     return rollout.id

@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from rolltap.store import NewRollout, RolloutStatus
+from rolltap.store.events import Declared
 from rolltap.store.ids import new_id
 from rolltap.store.models import MetricsSource
 from rolltap.store.training import PostedMetrics
@@ -188,7 +189,7 @@ async def test_without_posted_seconds_a_version_shows_the_services_sampling_time
             made = await store.create_rollout(
                 NewRollout(batch_id=batch_id, task_id="t", sample_index=0, meta=meta)
             )
-            await store.update_rollout(made.id, status=RolloutStatus.FINISHED, reward=reward)
+            await store.report(made.id, Declared(RolloutStatus.FINISHED), reward=reward)
         await store.record_metrics(
             PostedMetrics(
                 id=new_id(),

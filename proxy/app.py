@@ -19,11 +19,11 @@ from .control.expiry import expiring
 from .control.hold import WeightHold
 from .dialects import messages_render, responses_render
 from .dialects.chat import chat_completions
-from .dialects.errors import UpstreamUnavailable
 from .dialects.handles import Handles
 from .dialects.messages import count_tokens, hello, messages
 from .dialects.recall import Recall
 from .dialects.responses import responses
+from .errors import UpstreamUnavailable
 from .intake import release_at_end
 from .metrics import CONTENT_TYPE, Gauge, ProxyMetrics
 from .middleware import errors

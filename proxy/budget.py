@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from .dialects.errors import Forbidden
+from .errors import Forbidden
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from ..store.events import BudgetExceeded
 from ..store.lifecycle import status_of
 from ..store.store import FINAL_STATUSES
 from .context import CONTEXT, ProxyContext
-from .dialects.errors import BadRequest, PayloadTooLarge, ProxyError
+from .errors import BadRequest, PayloadTooLarge, ProxyError
 from .middleware import Handler, store_unavailable
 from .rollouts import Rollouts, RolloutState
 from .upstream import routed

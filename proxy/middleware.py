@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from ..store import DatabaseUnavailable, StoreState, StoreStatus
-from .dialects.errors import (
+from .errors import (
     BadRequest,
     NotFoundError,
     PayloadTooLarge,

@@ -26,7 +26,7 @@ from ..store.ids import hash_key
 from ..store.store import FINAL_STATUSES
 from .budget import BudgetLedger
 from .control.staleness import StaleBound, rollout_bound, stale_mark
-from .dialects.errors import Forbidden, Unauthorized
+from .errors import Forbidden, Unauthorized
 from .tokenin.lineage import Lineages
 from .upstream.routing import StickyRouter
 from .upstream.sampling import Sampling, rollout_sampling

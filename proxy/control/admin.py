@@ -23,7 +23,7 @@ from ...store import IllegalTransition, NewRollout, NotFound, RolloutStatus, Rol
 from ...store.events import Declared
 from ...store.store import FINAL_STATUSES
 from ..context import CONTEXT, ProxyContext
-from ..dialects.errors import BadRequest, Conflict, NotFoundError, ProxyError, Unauthorized
+from ..errors import BadRequest, Conflict, NotFoundError, ProxyError, Unauthorized
 from ..upstream import routed
 from ..upstream.backends import parse_backend
 from . import replicated

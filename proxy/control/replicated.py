@@ -29,7 +29,7 @@ import contextlib
 from typing import Any
 
 from ..context import ProxyContext
-from ..dialects.errors import Conflict
+from ..errors import Conflict
 from ..upstream.backends import parse_backend
 from . import engine_control
 from .control_bus import Order, Sent, SoloBus

@@ -9,8 +9,9 @@ from typing import Any
 from ...store.events import StaleDropped, StaleMarked
 from ...store.lifecycle import status_of
 from ..context import ProxyContext
+from ..errors import StaleRollout
 from ..rollouts import RolloutState
-from .staleness import ENDS_ROLLOUT, MARK, StalePolicy, StaleRollout
+from .staleness import ENDS_ROLLOUT, MARK, StalePolicy
 
 
 async def hold_bound(ctx: ProxyContext, state: RolloutState) -> None:

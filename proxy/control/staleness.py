@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..dialects.errors import Forbidden
-
 BOUND = "staleness"
 """Meta key: the bound the rollout's batch set."""
 MARK = "stale"
@@ -39,10 +37,6 @@ class StalePolicy(enum.StrEnum):
     """Its calls go on; the rollout and its sample are marked stale."""
     RELAUNCH = "relaunch"
     """Its next call is refused, it ends, and its sample runs again as a new attempt."""
-
-
-class StaleRollout(Forbidden):
-    """A call refused because its rollout is further behind than its batch allows."""
 
 
 ENDS_ROLLOUT = frozenset({StalePolicy.DROP, StalePolicy.RELAUNCH})

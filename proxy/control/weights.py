@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from ..context import CONTEXT, ProxyContext
-from ..dialects.errors import BadRequest, Conflict
+from ..errors import BadRequest, Conflict
 from . import engine_control, replicated
 from .admin import read_object, respond
 from .hold import UpdateInProgress, UpdateMode, WeightUpdate

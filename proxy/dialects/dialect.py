@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ...store import CallDialect
+from ..errors import BadRequest
 from ..intake import Intake
 from ..upstream.relay import EngineAnswer, Rendering
 from .blocks import Event
-from .errors import BadRequest
 from .history import HarnessTurn
 
 Entry = dict[str, Any] | HarnessTurn

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import BadRequest, Unprocessable
 from .dialect import ChatPlan, Entry, expect, sampling, text_parts
-from .errors import BadRequest, Unprocessable
 from .history import HarnessTurn, ToolUse, dumps
 
 _SAMPLING = {

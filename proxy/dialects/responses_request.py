@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import BadRequest, Unprocessable
 from .dialect import ChatPlan, Entry, expect, sampling, text_parts
-from .errors import BadRequest, Unprocessable
 from .history import HarnessTurn, ToolUse, dumps
 
 FREEFORM_ARGUMENT = "input"

@@ -16,11 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ..errors import ProxyError
 from ..intake import admit, intake, link_retry, parse_json_object
 from ..upstream.answer import engine_answer
 from ..upstream.relay import relay
 from .dialect import Dialect
-from .errors import ProxyError
 
 
 async def serve(request: web.Request, dialect: Dialect[Any]) -> web.StreamResponse:

@@ -13,10 +13,11 @@ test_strip_fuzz.py holds both paths to a reference that parses, edits and re-ser
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from ..upstream.engines import Extras
 
 ROOT_ID_KEYS = (b"prompt_token_ids",)
 CHOICE_ID_KEYS = (b"token_ids", b"prompt_token_ids", b"response_token_ids")
@@ -24,18 +25,6 @@ TOOL_PARSE = b'"tool_parse"'
 """rolltap's own: a choice's tool-call parse outcome (token-in answers, the built-in engine's),
 recorded with the call and never shown to the client. Inside a JSON string its quotes would be
 escaped, so these bytes are always the key."""
-
-
-@dataclass(frozen=True)
-class Extras:
-    """What rolltap added to the engine request that the client did not ask for."""
-
-    token_ids: bool = True
-    logprobs: bool = True
-    meta_info: bool = False
-    """SGLang's per-choice meta_info (asked for its ids)."""
-    routed_experts: bool = False
-    """Routed experts (proxy/upstream/routed.py): vLLM's per choice, SGLang's `sglext`."""
 
 
 def strip(raw: bytes, doc: dict[str, Any], extras: Extras) -> bytes:

@@ -22,6 +22,15 @@ import orjson
 
 from ...store import CallDialect
 from ..context import ProxyContext
+from ..errors import (
+    BadRequest,
+    Forbidden,
+    NotFoundError,
+    PayloadTooLarge,
+    ProxyError,
+    Unauthorized,
+    Unprocessable,
+)
 from ..intake import Intake
 from ..middleware import error_body
 from ..upstream.call import Chunk, error_message
@@ -31,15 +40,6 @@ from ..upstream.sse import frame
 from .assemble import ChatAssembler
 from .blocks import BlockStream, from_message
 from .dialect import Answer, AnswerEnd, ChatPlan, Renderer, Translation
-from .errors import (
-    BadRequest,
-    Forbidden,
-    NotFoundError,
-    PayloadTooLarge,
-    ProxyError,
-    Unauthorized,
-    Unprocessable,
-)
 from .handles import Handle
 from .history import HarnessTurn, Restorer, engine_message
 from .recall import EngineTurn

@@ -34,8 +34,8 @@ from typing import Any
 from ...audit.replay import CallReplay, Divergence, Mode, Outcome, Served
 from ...store import CallDialect, CallStatus, RolloutView, Store
 from ..dialects import messages_render, responses_render
-from ..dialects.errors import Forbidden, ProxyError
 from ..dialects.recall import RecordedTurn
+from ..errors import Forbidden, ProxyError
 from ..intake import Intake
 from ..upstream.call import Chunk, EngineError
 from ..upstream.engines import EngineKind, Prepared, prepare_chat

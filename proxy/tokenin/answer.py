@@ -20,7 +20,7 @@ from typing import Any
 from ...analysis.bridging import BRIDGED, FIRST_TURN
 from ...store.records import LineageMark
 from ..dialects.assemble import ChatAssembler
-from ..dialects.errors import UpstreamUnavailable
+from ..errors import UpstreamUnavailable
 from ..intake import Intake
 from ..upstream.call import Chunk, EngineCall, EngineError
 from ..upstream.engines import EngineKind, Prepared

@@ -15,8 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...chatformat.parse import AnswerParser, CallDelta, Delta, thinking_of
-from ..dialects.strip import Extras
-from ..upstream.engines import EngineKind, Prepared
+from ..upstream.engines import EngineKind, Extras, Prepared
 from ..upstream.resume import CARRIED_OPTIONS, COMPLETIONS_PATH
 
 SGLANG_PATH = "/generate"

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from ..dialects.strip import Extras
 from . import routed
 
 
@@ -24,6 +23,18 @@ class EngineKind(enum.StrEnum):
     VLLM = "vllm"
     SGLANG = "sglang"
     OPENAI = "openai"
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What rolltap added to the engine request that the client did not ask for."""
+
+    token_ids: bool = True
+    logprobs: bool = True
+    meta_info: bool = False
+    """SGLang's per-choice meta_info (asked for its ids)."""
+    routed_experts: bool = False
+    """Routed experts (proxy/upstream/routed.py): vLLM's per choice, SGLang's `sglext`."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from ...store import CallDialect, CallRecord, CallStatus, Capture, ChoiceRecord,
 from ...store.ids import body_hash, new_id
 from ...store.packing import id_list, logprob_list
 from ...store.records import LineageMark
-from ..dialects.errors import ProxyError
+from ..errors import ProxyError
 from . import routed
 from .engines import Captured
 

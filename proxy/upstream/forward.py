@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from ..dialects.errors import UpstreamUnavailable
+from ..errors import UpstreamUnavailable
 from .backends import Backend, BackendPool
 from .engines import EngineKind, Prepared
 from .exchange import Exchange, now

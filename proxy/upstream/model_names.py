@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ..dialects.errors import NotFoundError
+from ..errors import NotFoundError
 
 ANY = "*"
 

@@ -44,8 +44,7 @@ from aiohttp import web
 
 from ...store import CallStatus, InvalidTokens
 from ..control.stale_hold import hold_bound
-from ..control.staleness import StaleRollout
-from ..dialects.errors import ProxyError, UpstreamFailed
+from ..errors import ProxyError, StaleRollout, UpstreamFailed
 from ..intake import Intake
 from .call import Chunk, EngineBroke, EngineError, EngineGarbled, error_message, named
 from .engines import Prepared

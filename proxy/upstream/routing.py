@@ -20,7 +20,7 @@ import hashlib
 import math
 from collections import OrderedDict
 
-from ..dialects.errors import UpstreamUnavailable
+from ..errors import UpstreamUnavailable
 from .backends import Backend, BackendPool
 
 _VNODES = 64

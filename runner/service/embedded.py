@@ -15,7 +15,7 @@ import platformdirs
 from aiohttp import web
 
 from ...proxy.context import ProxyContext
-from ...proxy.dialects.errors import UpstreamUnavailable
+from ...proxy.errors import UpstreamUnavailable
 from ..egress import EgressSettings
 from ..harnesses import Harness, Installation, adapters, builtins
 from ..rollout import Pools

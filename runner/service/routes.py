@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ...proxy.dialects.errors import BadRequest, Conflict, NotFoundError
+from ...proxy.errors import BadRequest, Conflict, NotFoundError
 from ...wire import ENCODINGS
 from .batch import Batch
 from .events import Event, EventKind

@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from ...proxy.dialects.errors import Unauthorized, UpstreamUnavailable
+from ...proxy.errors import Unauthorized, UpstreamUnavailable
 from ...proxy.middleware import errors
 from ...store import Store
 from ..harnesses import adapters, builtins

@@ -28,7 +28,8 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rolltap.proxy.dialects.strip import Extras, strip, strip_chunk
+from rolltap.proxy.dialects.strip import strip, strip_chunk
+from rolltap.proxy.upstream.engines import Extras
 
 RESERVED = {
     "prompt_token_ids",

@@ -4,7 +4,9 @@ ProxyError (status, OpenAI type, code)
  ├── BadRequest            400 invalid_request_error: malformed JSON, wrong types, bad values
  ├── Unauthorized          401 authentication_error: no key, or a key of no rollout
  ├── Forbidden             403 permission_error: the key is revoked, or the rollout is finished
- │                           or out of budget
+ │    │                      or out of budget
+ │    └── StaleRollout       the rollout is further behind than its batch allows
+ │                           (proxy/control/staleness.py)
  ├── NotFoundError         404 not_found_error: no such route or object
  ├── Conflict              409 conflict_error: the request clashes with the state it would change
  ├── PayloadTooLarge       413 invalid_request_error: body over the configured limit
@@ -48,6 +50,10 @@ class Forbidden(ProxyError):
     status = 403
     type = "permission_error"
     anthropic_type = "permission_error"
+
+
+class StaleRollout(Forbidden):
+    """A call refused because its rollout is further behind than its batch allows."""
 
 
 class NotFoundError(ProxyError):

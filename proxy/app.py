@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ..analysis.hacks import HackFlag
 from ..store import CallDialect, Store, StoreState
+from .answers import ANSWERS, LIVE, AnswerSource
 from .context import CONTEXT, ProxyContext, ProxySettings
 from .control import admin, replicated, weights
 from .control.control_bus import bus_for
@@ -19,19 +20,19 @@ from .control.expiry import expiring
 from .control.hold import WeightHold
 from .dialects import messages_render, responses_render
 from .dialects.chat import chat_completions
-from .dialects.handles import Handles
 from .dialects.messages import count_tokens, hello, messages
-from .dialects.recall import Recall
 from .dialects.responses import responses
 from .errors import UpstreamUnavailable
+from .handles import Handles
 from .intake import release_at_end
 from .metrics import CONTENT_TYPE, Gauge, ProxyMetrics
 from .middleware import errors
+from .recall import Recall
+from .recorder import Recorder
 from .rollouts import FOR_SANDBOXES, Rollouts
 from .secret import signing_key
 from .tokenin.bridge import Bridges, LocalTemplate
 from .tokenin.config import TokenIn
-from .upstream.answer import ANSWERS, LIVE, AnswerSource
 from .upstream.backends import BackendPool, parse_backend
 from .upstream.model_names import ModelNames
 from .upstream.routing import StickyRouter
@@ -77,6 +78,7 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
         metrics=metrics,
         recall=Recall(handles, store, recorded),
         bus=bus_for(store.db.url),
+        recorder=Recorder(store, metrics),
         tokenin=token_in(settings),
         names=ModelNames(settings.model_aliases),
     )
@@ -119,7 +121,7 @@ def make_app(
     answers: AnswerSource = LIVE,
 ) -> web.Application:
     """The proxy's routes; `for_sandboxes` leaves out admin, metrics and extensions (the unix
-    socket sandboxes reach it by); `answers`: where its calls' answers come from (answer.py)."""
+    socket sandboxes reach it by); `answers`: where its calls' answers come from (answers.py)."""
     middlewares = [errors, release_at_end]
     if not for_sandboxes:
         middlewares.append(admin.admin_auth)

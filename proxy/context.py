@@ -1,4 +1,5 @@
-"""What every handler shares: settings, the store, backends, routing, the hold and metrics."""
+"""What every handler shares: settings, the store, backends, routing, the hold, metrics and the
+recorder; it holds them, and records nothing itself (recorder.py does)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,16 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from ..analysis.toolparse import kind
-from ..store import CallStatus, RolloutStatus, Store
-from ..store.events import Started
-from ..store.lifecycle import status_of
+from ..store import Store
 from .control.control_bus import ControlBus
 from .control.hold import WeightHold
-from .dialects.recall import Recall
 from .metrics import ProxyMetrics
-from .rollouts import Rollouts, RolloutState
+from .recall import Recall
+from .recorder import Recorder
+from .rollouts import Rollouts
 from .tokenin.config import TokenIn
 from .tokenin.options import TokenInOptions
 from .upstream.backends import BackendPool
-from .upstream.exchange import Exchange
 from .upstream.model_names import ModelNames
 from .upstream.routing import StickyRouter
 
@@ -93,6 +91,8 @@ class ProxyContext:
     """Earlier answers of each rollout, for restoring a harness's history (recall.py)."""
     bus: ControlBus
     """Tells the other replicas on the same PostgreSQL store (proxy/control/replicated.py)."""
+    recorder: Recorder
+    """Makes each call durable and counts it against its rollout (recorder.py)."""
     tokenin: TokenIn | None = None
     """Token-in mode's parsers, bridges and default (proxy/tokenin); set by make_context."""
     session: aiohttp.ClientSession | None = None
@@ -112,26 +112,6 @@ class ProxyContext:
     def client(self) -> aiohttp.ClientSession:
         assert self.session is not None, "the proxy's HTTP client starts with the app"
         return self.session
-
-    async def record(self, exchange: Exchange, state: RolloutState) -> None:
-        """Make the call durable, then count it against the rollout."""
-        record = exchange.to_record()
-        receipt = await self.store.append_call(record)
-        if record.status is CallStatus.OK:
-            state.saw_version(record.weight_version)  # staleness counts from it (staleness.py)
-        if exchange.body_hash is not None:
-            state.remember_body(exchange.body_hash, receipt.call_id, record.status.value)
-        counted = record.status is not CallStatus.REJECTED
-        state.budget.settle(exchange.call_id, counted=counted, tokens=exchange.tokens_used)
-        if state.status is RolloutStatus.PENDING and counted:
-            started = Started()
-            state.status = status_of(started)
-            await self.store.report(state.id, started)
-        self.metrics.calls.inc(dialect=exchange.dialect.value, status=record.status.value)
-        self.metrics.tokens.inc(exchange.prompt_tokens, kind="prompt")
-        self.metrics.tokens.inc(exchange.completion_tokens, kind="completion")
-        if record.tool_parse is not None:
-            self.metrics.tool_parse.inc(outcome=kind(record.tool_parse))
 
 
 CONTEXT = web.AppKey("rolltap_context", ProxyContext)

@@ -14,6 +14,7 @@ from ..store.events import BudgetExceeded
 from ..store.lifecycle import status_of
 from ..store.store import FINAL_STATUSES
 from .context import CONTEXT, ProxyContext
+from .control.stale_hold import hold_bound
 from .errors import BadRequest, PayloadTooLarge, ProxyError
 from .middleware import Handler, store_unavailable
 from .rollouts import Rollouts, RolloutState
@@ -23,6 +24,8 @@ from .upstream.exchange import PURPOSE_HEADERS, RETRY_HEADER, Exchange, now
 
 @dataclass
 class Intake:
+    """One call as the proxy took it in; the `Leg` its engine side is run with (upstream/leg.py)."""
+
     ctx: ProxyContext
     state: RolloutState
     exchange: Exchange
@@ -35,10 +38,16 @@ class Intake:
             self.state.budget.release(self.exchange.call_id)
             self.reserved = False
 
+    async def record(self, exchange: Exchange) -> None:
+        await self.ctx.recorder.record(exchange, self.state)
+
+    async def bound(self) -> None:
+        await hold_bound(self.ctx, self.state)
+
     async def reject(self, error: ProxyError) -> ProxyError:
         """Record the refused request (one row per request received), then hand the error back."""
         self.exchange.reject(error)
-        await self.ctx.record(self.exchange, self.state)
+        await self.record(self.exchange)
         self.ctx.metrics.errors.inc(kind=error.code or error.type)
         return error
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ..store import Store
+from .answers import LIVE, AnswerSource
 from .app import Extension, make_app, make_context
 from .context import ProxyContext, ProxySettings
-from .upstream.answer import LIVE, AnswerSource
 
 log = logging.getLogger("rolltap.proxy")
 _HANDLERS_AT_STOP = 5.0
@@ -46,7 +46,7 @@ async def start_proxy(
 ) -> RunningProxy:
     """Start listening; the caller owns the store and must `stop()` before closing it.
     `extensions` add routes to the TCP app (the rollout service of `serve --runner`); `answers`:
-    where calls' answers come from (proxy/upstream/answer.py: the engine, or a cassette)."""
+    where calls' answers come from (proxy/answers.py: the engine, or a cassette)."""
     ctx = make_context(settings, store)
     app = make_app(ctx, extensions=extensions, answers=answers)
     # A client that hangs up cancels its handler, which aborts the engine request (relay.py).

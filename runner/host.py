@@ -17,11 +17,11 @@ from pathlib import Path
 
 import aiohttp
 
+from ..proxy.answers import LIVE
 from ..proxy.context import ProxySettings
 from ..proxy.replay import Cassette
 from ..proxy.server import RunningProxy, start_proxy
 from ..proxy.tokenin.options import TokenInOptions
-from ..proxy.upstream.answer import LIVE
 from ..store import Store
 from .sandboxes.identity import sandbox_user
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from ..analysis.hacks import AUDIT_META
 from ..audit.replay import REPLAY_OF, REPLAYS, REPORT_KEY, Mode, ReplayReport
+from ..proxy.answers import live_answer
 from ..proxy.replay import VERSION, Cassette
-from ..proxy.upstream.answer import live_answer
 from ..proxy.upstream.sampling import SEED_FROM
 from ..store import NotFound, RolloutView, Store
 from ..store.store import FINAL_STATUSES

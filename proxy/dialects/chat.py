@@ -16,10 +16,10 @@ from aiohttp import web
 from ...store import CallDialect
 from ..errors import BadRequest, Unprocessable
 from ..intake import Intake
+from ..upstream.assemble import ChatAssembler
 from ..upstream.call import Chunk
 from ..upstream.relay import EngineAnswer
 from ..upstream.sse import frame
-from .assemble import ChatAssembler
 from .dialect import expect
 from .serve import serve
 from .strip import strip, strip_chunk

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .handles import Handle, HandleCheck, Handles
-from .recall import EngineTurn
+from ..handles import Handle, HandleCheck, Handles
+from ..recall import EngineTurn
 
 
 @dataclass(frozen=True)

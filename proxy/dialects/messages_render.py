@@ -22,10 +22,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..recall import EngineTurn
 from .blocks import Close, Delta, Event, Open, Tool
 from .dialect import Answer, AnswerEnd
 from .history import dumps, parsed
-from .recall import EngineTurn
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}

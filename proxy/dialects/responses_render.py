@@ -22,10 +22,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..recall import EngineTurn
 from .blocks import Close, Delta, Event, Open, Tool
 from .dialect import Answer, AnswerEnd
 from .history import dumps, parsed
-from .recall import EngineTurn
 from .responses_request import FREEFORM_ARGUMENT, chat_name, tool_specs
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")

@@ -2,7 +2,7 @@
 
     intake -> read (the dialect validates; refused: recorded, the client's error shape)
            -> admit (budgets) -> link a retry -> the engine's request (the dialect's)
-           -> the answer (engine, token-in or replay: upstream/answer.py)
+           -> the answer (engine, token-in or replay: answers.py)
            -> relay (hold, failover, capture, record) rendered as the dialect's client sees it
 
 A dialect (dialect.py `Dialect`) is what differs: how its request is checked and what it asks
@@ -16,9 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
+from ..answers import engine_answer
 from ..errors import ProxyError
 from ..intake import admit, intake, link_retry, parse_json_object
-from ..upstream.answer import engine_answer
 from ..upstream.relay import relay
 from .dialect import Dialect
 

@@ -31,18 +31,18 @@ from ..errors import (
     Unauthorized,
     Unprocessable,
 )
+from ..handles import Handle
 from ..intake import Intake
 from ..middleware import error_body
+from ..recall import EngineTurn
+from ..upstream.assemble import ChatAssembler
 from ..upstream.call import Chunk, error_message
 from ..upstream.exchange import Exchange
 from ..upstream.relay import EngineAnswer
 from ..upstream.sse import frame
-from .assemble import ChatAssembler
 from .blocks import BlockStream, from_message
 from .dialect import Answer, AnswerEnd, ChatPlan, Renderer, Translation
-from .handles import Handle
 from .history import HarnessTurn, Restorer, engine_message
-from .recall import EngineTurn
 
 _BY_STATUS: dict[int, type[ProxyError]] = {
     400: BadRequest,

@@ -1,6 +1,6 @@
 """A rollout's recorded calls, served back to a harness that runs its task again.
 
-A proxy given a cassette as its answer source (proxy/upstream/answer.py; `rolltap replay`)
+A proxy given a cassette as its answer source (proxy/answers.py; `rolltap replay`)
 answers every call of its rollouts from it instead of an engine. Which recorded call answers a
 request:
 
@@ -34,9 +34,9 @@ from typing import Any
 from ...audit.replay import CallReplay, Divergence, Mode, Outcome, Served
 from ...store import CallDialect, CallStatus, RolloutView, Store
 from ..dialects import messages_render, responses_render
-from ..dialects.recall import RecordedTurn
 from ..errors import Forbidden, ProxyError
 from ..intake import Intake
+from ..recall import RecordedTurn
 from ..upstream.call import Chunk, EngineError
 from ..upstream.engines import EngineKind, Prepared, prepare_chat
 from ..upstream.relay import EngineAnswer

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from ...store import CallDialect, CallStatus, CallTokens, CallView
-from ..dialects.recall import RecordedTurn
+from ..recall import RecordedTurn
 from ..upstream.call import Chunk, EngineError, error_message
 from ..upstream.engines import EngineKind, Prepared, capture_response, prepare_chat
 from ..upstream.exchange import Exchange, now

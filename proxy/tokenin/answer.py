@@ -18,12 +18,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ...analysis.bridging import BRIDGED, FIRST_TURN
+from ...store import Store
 from ...store.records import LineageMark
-from ..dialects.assemble import ChatAssembler
 from ..errors import UpstreamUnavailable
-from ..intake import Intake
+from ..upstream.assemble import ChatAssembler
 from ..upstream.call import Chunk, EngineCall, EngineError
 from ..upstream.engines import EngineKind, Prepared
+from ..upstream.leg import Leg
 from ..upstream.relay import EngineAnswer
 from .bridge import TemplateFailed
 from .chatroute import ChatIdsRoute
@@ -47,13 +48,16 @@ from .route import TokenInRoute
 log = logging.getLogger("rolltap.proxy")
 
 
-async def answer_token_in(tokenin: TokenIn, taken: Intake, body: dict[str, Any]) -> EngineAnswer:
-    """The call's answer: token-in when its request continues a lineage, else rendered."""
-    state, exchange = taken.state, taken.exchange
+async def answer_token_in(
+    tokenin: TokenIn, taken: Leg, body: dict[str, Any], lineages: Lineages, store: Store
+) -> EngineAnswer:
+    """The call's answer: token-in when its request continues a lineage, else rendered.
+    `lineages`: its rollout's; `store`: where every replica's token-in turns are kept."""
+    exchange = taken.exchange
     hashes = prefix_hashes(body["messages"])
     context = context_print(body)
     started = time.perf_counter()
-    outcome = await _decide(tokenin, taken, body, hashes, context)
+    outcome = await _decide(tokenin, taken, body, hashes, context, lineages, store)
     route = None if isinstance(outcome, str) else outcome
     bridge = BRIDGED if route is not None else str(outcome)
     exchange.bridged(bridge)
@@ -63,16 +67,22 @@ async def answer_token_in(tokenin: TokenIn, taken: Intake, body: dict[str, Any])
         metrics.token_in.inc(outcome=bridge)
     if route is not None:
         metrics.bridge_seconds.observe(time.perf_counter() - started)
-    call = EngineCall(taken.ctx, exchange, body, rollout=state, route=route)
-    return _Remembered(call, taken, state.lineages, hashes, context, checked)
+    call = EngineCall(taken, body, route=route)
+    return _Remembered(call, taken, lineages, hashes, context, checked)
 
 
 async def _decide(
-    tokenin: TokenIn, taken: Intake, body: dict[str, Any], hashes: list[bytes], context: bytes
+    tokenin: TokenIn,
+    taken: Leg,
+    body: dict[str, Any],
+    hashes: list[bytes],
+    context: bytes,
+    lineages: Lineages,
+    store: Store,
 ) -> TokenInRoute | ChatIdsRoute | str:
     if (body.get("n") or 1) != 1:
         return MULTIPLE_CHOICES
-    found = await _find(taken, body["messages"], hashes, context)
+    found = await _find(taken, body["messages"], hashes, context, lineages, store)
     if not isinstance(found, Continued):
         return found
     try:
@@ -118,19 +128,23 @@ async def _decide(
 
 
 async def _find(
-    taken: Intake, messages: list[dict[str, Any]], hashes: list[bytes], context: bytes
+    taken: Leg,
+    messages: list[dict[str, Any]],
+    hashes: list[bytes],
+    context: bytes,
+    lineages: Lineages,
+    store: Store,
 ) -> Continued | str:
     """The turn the request continues: from this process's memory, else from the store, where
     every token-in call leaves its fingerprints, so a conversation continues on whichever
     replica or worker its next call reaches, and after a restart."""
-    lineages = taken.state.lineages
     found = lineages.find(messages, hashes, context)
     if found not in (FIRST_TURN, HISTORY_EDITED):
         return found
     last = last_assistant(messages)
     if last is None:
         return found
-    stored = await taken.ctx.store.lineage_turns(taken.state.id, hashes[last])
+    stored = await store.lineage_turns(taken.exchange.rollout_id, hashes[last])
     if not stored:
         return found
     for turn in reversed(stored):  # oldest first: find() prefers the latest
@@ -151,7 +165,7 @@ class _Remembered:
     def __init__(
         self,
         call: EngineCall,
-        taken: Intake,
+        taken: Leg,
         lineages: Lineages,
         hashes: list[bytes],
         context: bytes,

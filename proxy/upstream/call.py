@@ -25,13 +25,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from ..context import ProxyContext
-from ..control.stale_hold import hold_bound
-from ..rollouts import RolloutState
 from . import resume
 from .engines import EngineKind, Prepared, ask_routed_experts, capture_response, prepare_chat
 from .exchange import Exchange, now
 from .forward import Upstream, open_upstream
+from .leg import Leg
 from .sampling import cache_salt, impose
 from .sse import DONE, EventSplitter, event_data
 
@@ -95,30 +93,21 @@ class Route(Protocol):
 
 
 class EngineCall:
-    def __init__(
-        self,
-        ctx: ProxyContext,
-        exchange: Exchange,
-        body: dict[str, Any],
-        *,
-        rollout: RolloutState | None = None,
-        route: Route | None = None,
-    ) -> None:
-        """`rollout`: the call's rollout, whose batch may impose sampling options (sampling.py)
-        and under which an answer aborted for a weight update is recorded (resume.py).
-        `route`: where the call goes instead of chat completions."""
+    def __init__(self, leg: Leg, body: dict[str, Any], *, route: Route | None = None) -> None:
+        """`leg`: the call as the proxy took it in; its rollout's batch may impose sampling
+        options (sampling.py), and an answer aborted for a weight update is recorded under it
+        (resume.py). `route`: where the call goes instead of chat completions."""
+        ctx, exchange, rollout = leg.ctx, leg.exchange, leg.state
+        self._leg = leg
         self._ctx = ctx
         self._route = route
         self._exchange = exchange
         self._answer = exchange.answer
-        self._rollout = rollout
-        self.place = 0
+        self.place = rollout.dispatched
         """How many engine calls the rollout made before this one (its seed derives from it)."""
-        if rollout is not None:
-            self.place = rollout.dispatched
-            rollout.dispatched += 1
-            if rollout.sampling is not None:
-                body = impose(body, rollout.sampling.for_call(self.place))
+        rollout.dispatched += 1
+        if rollout.sampling is not None:
+            body = impose(body, rollout.sampling.for_call(self.place))
         terms = exchange.terms
         if terms.served_model is not None:
             body = {**body, "model": terms.served_model}
@@ -287,7 +276,7 @@ class EngineCall:
 
     def _may_resume(self) -> bool:
         """Whether an abort read now could be continued, as far as the call alone tells."""
-        if self._rollout is None or self._ctx.hold.aborts <= self._aborts:
+        if self._ctx.hold.aborts <= self._aborts:
             return False
         return (self._body.get("n") or 1) == 1 and self._kind is EngineKind.VLLM
 
@@ -311,17 +300,16 @@ class EngineCall:
     async def _hand_over(self, partial_body: bytes) -> None:
         """Record the partial answer as its own call, then wait for the update to commit; this
         call goes on as the continuation."""
-        assert self._rollout is not None
         self._finish_upstream(abort=True)
         exchange = self._exchange
         captured = self._answer.captured
         prompt, partial = list(captured.prompt_ids or ()), list(captured.choice(0).token_ids)
         first = exchange.aborted_part(partial_body)
-        await asyncio.shield(self._ctx.record(first, self._rollout))
+        await asyncio.shield(self._leg.record(first))
         exchange.continues(first)
         self._continuation = resume.continuation_request(self.prepared.body, prompt, partial)
         exchange.runs_under(await self._ctx.hold.wait_out())
-        await hold_bound(self._ctx, self._rollout)  # the continuation goes to an engine too
+        await self._leg.bound()  # the continuation goes to an engine too
         if "cache_salt" in self._continuation:
             # Continued on the new weights: none of the old version's cache may serve it.
             own = self._body.get("cache_salt")

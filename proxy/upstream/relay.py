@@ -43,12 +43,11 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from ...store import CallStatus, InvalidTokens
-from ..control.stale_hold import hold_bound
 from ..errors import ProxyError, StaleRollout, UpstreamFailed
-from ..intake import Intake
 from .call import Chunk, EngineBroke, EngineError, EngineGarbled, error_message, named
 from .engines import Prepared
 from .exchange import now
+from .leg import Leg
 
 log = logging.getLogger("rolltap.proxy")
 
@@ -115,7 +114,7 @@ class Rendering(Protocol):
 
 async def relay(
     request: web.Request,
-    taken: Intake,
+    taken: Leg,
     call: EngineAnswer,
     rendering: Callable[[EngineAnswer], Rendering],
 ) -> web.StreamResponse:
@@ -124,7 +123,7 @@ async def relay(
 
 
 class _Relay:
-    def __init__(self, request: web.Request, taken: Intake, call: EngineAnswer) -> None:
+    def __init__(self, request: web.Request, taken: Leg, call: EngineAnswer) -> None:
         self._request = request
         self._taken = taken
         self._exchange = taken.exchange
@@ -142,7 +141,7 @@ class _Relay:
             entered = True
             # Checked here, not at admission: a call that waited out an update runs on the new
             # weights, and is judged by them.
-            await hold_bound(self._taken.ctx, self._taken.state)
+            await self._taken.bound()
             await self._call.open()
             self._rendering = rendering(self._call)
             if self._call.error is not None:
@@ -253,13 +252,13 @@ class _Relay:
         await asyncio.shield(self._durable())
 
     async def _durable(self) -> None:
-        ctx, exchange = self._taken.ctx, self._taken.exchange
+        exchange = self._taken.exchange
         try:
-            await ctx.record(exchange, self._taken.state)
+            await self._taken.record(exchange)
         except InvalidTokens as e:
             # The call is kept, without the token data the store refused.
             exchange.drop_tokens(str(e))
-            await ctx.record(exchange, self._taken.state)
+            await self._taken.record(exchange)
 
 
 def _fed(rendering: Rendering, chunk: Chunk) -> bytes:
@@ -294,7 +293,7 @@ async def write_last(response: web.StreamResponse, data: bytes) -> None:
         pass
 
 
-def observe_call(taken: Intake) -> None:
+def observe_call(taken: Leg) -> None:
     exchange = taken.exchange
     answer, dispatched_at = exchange.answer, exchange.dispatch.at
     metrics = taken.ctx.metrics

@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from rolltap.audit.replay import REPLAYS, REPORT_KEY, Mode, Outcome, ReplayReport, Served
+from rolltap.proxy.answers import live_answer
 from rolltap.proxy.replay import VERSION, Cassette
-from rolltap.proxy.upstream.answer import live_answer
 from rolltap.store import CallStatus, Capture, Store
 from tests.support.fake_vllm import FakeVLLM, Reply
 from tests.support.proxy import fake_engine, new_rollout, running_proxy

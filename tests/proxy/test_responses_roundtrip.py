@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from rolltap.proxy.dialects.handles import Handle, HandleCheck, Handles
+from rolltap.proxy.handles import Handle, HandleCheck, Handles
 from rolltap.proxy.secret import secret_path, signing_key
 from rolltap.store import Store, resolve_url
 from tests.support.fake_vllm import FakeVLLM, Reply

@@ -10,9 +10,9 @@ import openai
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from rolltap.proxy.answers import LIVE, AnswerSource
 from rolltap.proxy.context import ProxySettings
 from rolltap.proxy.server import RunningProxy, start_proxy
-from rolltap.proxy.upstream.answer import LIVE, AnswerSource
 from rolltap.store import NewRollout, Store
 from tests.support.fake_vllm import FakeVLLM
 

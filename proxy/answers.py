@@ -9,10 +9,10 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from ..intake import Intake
-from ..tokenin.answer import answer_token_in
-from .call import EngineCall
-from .relay import EngineAnswer
+from .intake import Intake
+from .tokenin.answer import answer_token_in
+from .upstream.call import EngineCall
+from .upstream.relay import EngineAnswer
 
 
 class AnswerSource(Protocol):
@@ -40,8 +40,10 @@ async def engine_answer(request: web.Request, taken: Intake, body: dict[str, Any
 
 
 async def live_answer(taken: Intake, body: dict[str, Any]) -> EngineAnswer:
-    """The engine's answer, with token capture (call.py); token-in where the rollout has it."""
+    """The engine's answer, with token capture (upstream/call.py); token-in where the rollout
+    has it."""
     tokenin = taken.ctx.tokenin
     if tokenin is not None and tokenin.enabled(taken.state.token_in):
-        return await answer_token_in(tokenin, taken, body)
-    return EngineCall(taken.ctx, taken.exchange, body, rollout=taken.state)
+        lineages, store = taken.state.lineages, taken.ctx.store
+        return await answer_token_in(tokenin, taken, body, lineages, store)
+    return EngineCall(taken, body)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...store import CallDialect, NotFound, Store, StoreError
+from ..store import CallDialect, NotFound, Store, StoreError
 from .handles import Handle, Handles
 
 log = logging.getLogger("rolltap.proxy")

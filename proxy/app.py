@@ -15,15 +15,15 @@ from ..store import CallDialect, Store, StoreState
 from .answers import ANSWERS, LIVE, AnswerSource
 from .context import CONTEXT, ProxyContext, ProxySettings
 from .control import admin, replicated, weights
-from .control.control_bus import bus_for
 from .control.expiry import expiring
-from .control.hold import WeightHold
+from .control_bus import bus_for
 from .dialects import messages_render, responses_render
 from .dialects.chat import chat_completions
 from .dialects.messages import count_tokens, hello, messages
 from .dialects.responses import responses
 from .errors import UpstreamUnavailable
 from .handles import Handles
+from .hold import WeightHold
 from .intake import release_at_end
 from .metrics import CONTENT_TYPE, Gauge, ProxyMetrics
 from .middleware import errors
@@ -262,7 +262,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus exposition; behind the admin token when the proxy has one (admin.py)."""
+    """Prometheus exposition; behind the admin token when the proxy has one (control/admin.py)."""
     return web.Response(
         body=request.app[CONTEXT].metrics.render(),
         headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},

@@ -10,8 +10,8 @@ import aiohttp
 from aiohttp import web
 
 from ..store import Store
-from .control.control_bus import ControlBus
-from .control.hold import WeightHold
+from .control_bus import ControlBus
+from .hold import WeightHold
 from .metrics import ProxyMetrics
 from .recall import Recall
 from .recorder import Recorder

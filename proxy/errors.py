@@ -6,7 +6,7 @@ ProxyError (status, OpenAI type, code)
  ├── Forbidden             403 permission_error: the key is revoked, or the rollout is finished
  │    │                      or out of budget
  │    └── StaleRollout       the rollout is further behind than its batch allows
- │                           (proxy/control/staleness.py)
+ │                           (proxy/staleness.py)
  ├── NotFoundError         404 not_found_error: no such route or object
  ├── Conflict              409 conflict_error: the request clashes with the state it would change
  ├── PayloadTooLarge       413 invalid_request_error: body over the configured limit

@@ -25,8 +25,8 @@ from ..store import DatabaseUnavailable, NewRollout, RolloutStatus, RolloutView,
 from ..store.ids import hash_key
 from ..store.store import FINAL_STATUSES
 from .budget import BudgetLedger
-from .control.staleness import StaleBound, rollout_bound, stale_mark
 from .errors import Forbidden, Unauthorized
+from .staleness import StaleBound, rollout_bound, stale_mark
 from .tokenin.lineage import Lineages
 from .upstream.routing import StickyRouter
 from .upstream.sampling import Sampling, rollout_sampling
@@ -63,7 +63,7 @@ class RolloutState:
     """The rollout's own choice to capture routed experts (`routed_experts` in its metadata;
     proxy/upstream/routed.py); None: the proxy's default."""
     stale_bound: StaleBound | None = None
-    """Its batch's bound on how far behind its calls may run (proxy/control/staleness.py)."""
+    """Its batch's bound on how far behind its calls may run (proxy/staleness.py)."""
     oldest_version: str | None = None
     """The weight version of its oldest recorded answer, once one is recorded."""
     stale_marked: bool = False

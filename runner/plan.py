@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..proxy.control.staleness import MARK
+from ..proxy.staleness import MARK
 from ..store import CreatedRollout, NewRollout, RolloutStatus, RolloutView, Store
 from ..store.events import SUPERSEDED_BY, Superseded
 from .settings import BatchSettings, check_resumable
@@ -127,7 +127,7 @@ async def relaunch(
     store: Store, planned: Planned, old: RolloutView, meta: dict[str, Any]
 ) -> Planned:
     """A fresh attempt of `planned`'s sample, with `meta`, after its attempt `old` was stopped
-    for running too far behind the policy (proxy/control/staleness.py); `old` is kept, pointing to
+    for running too far behind the policy (proxy/staleness.py); `old` is kept, pointing to
     it."""
     created = await _new_attempt(store, old, {**meta, RELAUNCH_OF: old.id})
     await supersede(store, old, created.id, old.error or "stale")

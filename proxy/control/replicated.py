@@ -14,7 +14,7 @@ Replicas of one proxy share a PostgreSQL store (docs/scale.md). What they share 
   each replica's own: a replica whose share of a backend is over its bound sends a new rollout
   to the next backend on the ring, and only then can two replicas disagree about it.
 - The hold and the backend set: here. The replica that takes an admin or /v1/weights call
-  applies it to itself and publishes it (proxy/control/control_bus.py); every other replica applies
+  applies it to itself and publishes it (proxy/control_bus.py); every other replica applies
   it
   and replies `held` once it holds new calls and `drained` once its calls in flight ended. So
   pause, `begin` and their `drained` answers speak for every replica, an abort_resume update
@@ -29,11 +29,11 @@ import contextlib
 from typing import Any
 
 from ..context import ProxyContext
+from ..control_bus import Order, Sent, SoloBus
 from ..errors import Conflict
+from ..hold import UpdateInProgress, UpdateMode
 from ..upstream.backends import parse_backend
 from . import engine_control
-from .control_bus import Order, Sent, SoloBus
-from .hold import UpdateInProgress, UpdateMode
 
 HELD_WITHIN = 10.0
 """Seconds a replica has to confirm it holds new calls."""

@@ -11,7 +11,7 @@ from ...store.lifecycle import status_of
 from ..context import ProxyContext
 from ..errors import StaleRollout
 from ..rollouts import RolloutState
-from .staleness import ENDS_ROLLOUT, MARK, StalePolicy
+from ..staleness import ENDS_ROLLOUT, MARK, StalePolicy
 
 
 async def hold_bound(ctx: ProxyContext, state: RolloutState) -> None:

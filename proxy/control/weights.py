@@ -31,9 +31,9 @@ from aiohttp import web
 
 from ..context import CONTEXT, ProxyContext
 from ..errors import BadRequest, Conflict
+from ..hold import UpdateInProgress, UpdateMode, WeightUpdate
 from . import engine_control, replicated
 from .admin import read_object, respond
-from .hold import UpdateInProgress, UpdateMode, WeightUpdate
 
 log = logging.getLogger("rolltap.proxy")
 

@@ -2,7 +2,7 @@
 
 upstream/ imports nothing above it: the proxy's context, the weight-update hold, the rollout and
 the call as the proxy took it in reach `EngineCall` (call.py) and `relay` (relay.py) as these.
-The proxy's own are context.py's ProxyContext (`Engines`), control/hold.py's WeightHold
+The proxy's own are context.py's ProxyContext (`Engines`), hold.py's WeightHold
 (`Hold`), rollouts.py's RolloutState (`Rollout`) and intake.py's Intake (`Leg`).
 """
 

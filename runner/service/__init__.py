@@ -8,7 +8,7 @@ for), `scheduler` (groups, dynamic sampling, early stop), `executor` (where a ro
 idempotency), `routes` (HTTP), `clock` (policy versions, for staleness).
 """
 
-from ...proxy.control.staleness import StalePolicy
+from ...proxy.staleness import StalePolicy
 from .batch import Batch, BatchStatus
 from .clock import HoldClock, PolicyClock, RemoteClock, VersionClock
 from .embedded import RunnerSettings, extension, service_for

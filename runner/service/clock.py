@@ -1,7 +1,7 @@
 """The policy's version clock as the rollout service reads it: how stale a sample is.
 
 Staleness counts weight updates: a sample whose oldest call was sampled with the version
-committed at epoch e is `epoch - e` versions old (see rolltap.proxy.control.hold). In
+committed at epoch e is `epoch - e` versions old (see rolltap.proxy.hold). In
 `serve --runner` the clock is the proxy's own hold; a service running as its own process reads the
 proxy's
 GET /v1/weights.
@@ -15,7 +15,7 @@ from typing import Protocol
 
 import aiohttp
 
-from ...proxy.control.hold import WeightHold
+from ...proxy.hold import WeightHold
 
 
 @dataclass(frozen=True)

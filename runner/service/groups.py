@@ -3,7 +3,7 @@
 A group is informative when its rewards are not all equal (GRPO's advantages are zero
 otherwise); a sample without a reward (its verifier never ran) counts as 0 there and is shown
 with reward null. A sample is stale when its oldest call is more than `max_staleness` weight
-updates old, now or when the proxy checked it at a dispatch (proxy/control/staleness.py:
+updates old, now or when the proxy checked it at a dispatch (proxy/staleness.py:
 meta["stale"]);
 `stale: "drop"` drops its whole group (a group must be compared within itself), `"flag"` and
 `"relaunch"` keep it with the samples marked. A relaunched sample is its new attempt, judged on
@@ -24,7 +24,7 @@ from rolltap import wire
 
 from ...analysis.steps import version_range
 from ...analysis.trajectory import RolloutTrajectories, Trajectory
-from ...proxy.control.staleness import StalePolicy, stale_mark
+from ...proxy.staleness import StalePolicy, stale_mark
 from ...store import RolloutView, Store
 from ..plan import RELAUNCH_OF
 from .clock import VersionClock

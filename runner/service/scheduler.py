@@ -9,7 +9,7 @@ row marked cancelled, nothing recorded deleted. A group completes when all its s
 finished; it is judged (informative, stale) and recorded as a kept or dropped event.
 
 With `max_staleness`, the bound goes into each rollout's meta and the proxy holds it as it
-dispatches the rollout's calls (proxy/control/staleness.py). An attempt the proxy stopped for
+dispatches the rollout's calls (proxy/staleness.py). An attempt the proxy stopped for
 `stale: "relaunch"` is followed here by a new attempt of the same sample, which starts on the
 weights then in force; it takes the old attempt's place in the group.
 """
@@ -23,7 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from ...proxy.control.staleness import BOUND, StaleBound, StalePolicy, ended_stale
+from ...proxy.staleness import BOUND, StaleBound, StalePolicy, ended_stale
 from ...store import RolloutStatus, Store
 from ...store.events import Cancelled
 from ...store.store import FINAL_STATUSES

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ...proxy.control.staleness import StalePolicy
+from ...proxy.staleness import StalePolicy
 from ...proxy.upstream.sampling import IMPOSABLE
 from ..egress.rules import valid_pattern
 from ..egress.settings import EgressMode

@@ -1,4 +1,4 @@
-"""A rollout's bound on staleness (proxy/control/staleness.py), counted in commits: with
+"""A rollout's bound on staleness (proxy/staleness.py), counted in commits: with
 max_staleness 1,
 a call one update behind the rollout's first goes on, one two updates behind is refused in the
 client's own dialect before any engine sees it, and the rollout ends, saying why."""

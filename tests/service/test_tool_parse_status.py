@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rolltap.proxy.control.hold import WeightHold
+from rolltap.proxy.hold import WeightHold
 from rolltap.runner.service.batch import Batch
 from rolltap.runner.service.clock import HoldClock
 from rolltap.runner.service.service import Service

@@ -1,5 +1,5 @@
 """A batch's bound on staleness, held where each call of a rollout is dispatched (the check:
-stale_hold.py).
+control/stale_hold.py).
 
 A rollout is `gap` weight updates behind when the version its oldest recorded answer was
 sampled with was committed `gap` updates before the version in force: the hold's order of

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import asyncpg
 import orjson
 
-from ...store.url import DatabaseURL
+from ..store.url import DatabaseURL
 
 log = logging.getLogger("rolltap.proxy")
 

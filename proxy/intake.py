@@ -69,6 +69,10 @@ async def release_at_end(request: web.Request, handler: Handler) -> web.StreamRe
 async def intake(request: web.Request, dialect: CallDialect) -> Intake:
     ctx = request.app[CONTEXT]
     received = now()
+    purpose = next(
+        (request.headers[h][:40] for h in PURPOSE_HEADERS if request.headers.get(h)), None
+    )
+    retries = _int_header(request, RETRY_HEADER)
     # An unknown key answers 401 and is never attributed to any rollout.
     state = await ctx.rollouts.resolve_request(request)
     if not ctx.store.accepting():
@@ -77,10 +81,6 @@ async def intake(request: web.Request, dialect: CallDialect) -> Intake:
         status = ctx.store.status()
         ctx.metrics.errors.inc(kind="store_unavailable")
         raise store_unavailable(status.reason, status)
-    purpose = next(
-        (request.headers[h][:40] for h in PURPOSE_HEADERS if request.headers.get(h)), None
-    )
-    retries = _int_header(request, RETRY_HEADER)
     try:
         raw_body: bytes | None = await request.read()
     except web.HTTPRequestEntityTooLarge:

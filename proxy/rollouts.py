@@ -81,11 +81,6 @@ class RolloutState:
             self.bodies.popitem(last=False)
 
 
-def _token_in(meta: dict[str, Any]) -> bool | None:
-    chosen = meta.get("token_in")
-    return chosen if isinstance(chosen, bool) else None
-
-
 def _chosen(meta: dict[str, Any], key: str) -> bool | None:
     chosen = meta.get(key)
     return chosen if isinstance(chosen, bool) else None
@@ -132,9 +127,8 @@ class Rollouts:
 
     async def resolve_request(self, request: web.Request) -> RolloutState:
         """The request's rollout; on the sandboxes' socket an unknown key is never created."""
-        return await self.resolve(
-            request_key(request), create=not request.app.get(FOR_SANDBOXES, False)
-        )
+        key = request_key(request)
+        return await self.resolve(key, create=not request.app.get(FOR_SANDBOXES, False))
 
     async def resolve(self, key: str | None, *, create: bool = True) -> RolloutState:
         """create: in open mode, make a rollout for an unknown key."""
@@ -192,7 +186,7 @@ class Rollouts:
                 calls_before=view.n_calls,
                 sampling=rollout_sampling(view.meta, view.task_id, view.sample_index, view.attempt),
                 dispatched=counted,
-                token_in=_token_in(view.meta),
+                token_in=_chosen(view.meta, "token_in"),
                 routed_experts=_chosen(view.meta, "routed_experts"),
                 stale_bound=rollout_bound(view.meta),
                 stale_marked=stale_mark(view.meta) is not None,

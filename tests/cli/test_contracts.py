@@ -28,7 +28,8 @@ PROBES = {
     "nothing-imports-the-faces": ("runner/plan.py", "from ..cli import console"),
     "chatformat-knows-no-engine": ("chatformat/tools.py", "from ..engine import errors"),
     "client-is-light": ("wire.py", "from .store import enums"),
-    "upstream-is-below": ("proxy/upstream/sse.py", "from ..dialects import errors"),
+    "upstream-is-below": ("proxy/upstream/sse.py", "from ..dialects import chat"),
+    "proxy-floors": ("proxy/errors.py", "from . import intake"),
 }
 OUTSIDE = {"tests", "bench", "docs", ".venv", ".git", "build", "dist", ".ci"}
 

@@ -30,6 +30,9 @@ Seams, for routes that obtain or shape answers differently:
   a call that must survive an engine being swapped (weight updates) resumes inside `chunks()`,
   so the relay sees one answer.
 - `Rendering`: how the answer looks to the client; chat.py and translated.py provide one each.
+- `Leg` (leg.py): the call as the proxy took it in (intake.py's Intake): its exchange, the
+  engines and the hold, and what the proxy above does at the hold (`bound`) and the record
+  (`record`), so the relay imports nothing above upstream/.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from .errors import (
     StoreError,
     WriterClosed,
 )
+from .filters import RolloutFilter
 from .lifecycle import IllegalTransition
 from .records import (
     BatchView,
@@ -88,6 +89,7 @@ __all__ = [
     "ReadOnly",
     "RefusedCall",
     "RolloutAnalysis",
+    "RolloutFilter",
     "RolloutIntegrity",
     "RolloutStatus",
     "RolloutView",

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from .enums import CallStatus, DriftClass, LinkKind, RolloutStatus
 from .errors import AmbiguousId, NotFound
+from .filters import RolloutFilter
 from .records import BatchView, RolloutView
 
 Select = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
@@ -24,7 +25,7 @@ Select = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
 Kind = Literal["rollout", "batch", "call"]
 
 DRIFT_FILTERS = ("any", "none", *(d.value for d in DriftClass))
-"""`drift=` of `rollouts`: any break, none (analysed and unbroken), or a break of one class."""
+"""`RolloutFilter.drift`: any break, none (analysed and unbroken), or a break of one class."""
 HACK_FILTERS = ("any", "none", "unchecked")
 """Flagged by some detector, checked and clean, never checked (else: a detector's name)."""
 
@@ -58,54 +59,42 @@ _SHOWN = 3
 
 
 def rollouts(
-    select: Select,
-    *,
-    batch: str | Sequence[str] | None = None,
-    status: str | Sequence[str] | None = None,
-    ids: Sequence[str] | None = None,
-    task: str | None = None,
-    harness: str | None = None,
-    min_reward: float | None = None,
-    max_reward: float | None = None,
-    drift: str | None = None,
-    hack: str | None = None,
-    limit: int | None = None,
-    offset: int = 0,
-    oldest_first: bool = False,
+    select: Select, where: RolloutFilter | None = None, /, **keywords: Any
 ) -> list[RolloutView]:
-    """Rollouts matching every filter given, newest first. `drift` reads the stored analysis
-    (a rollout is analysed when it finishes): one of DRIFT_FILTERS. `hack` reads the stored
-    hack flags: one of HACK_FILTERS, or a detector's name (flagged by it)."""
-    where: list[str] = []
+    """Rollouts matching every filter given, newest first (filters.py: `where`, or its fields
+    as keywords)."""
+    f = RolloutFilter.of(where, **keywords)
+    clauses: list[str] = []
     params: dict[str, Any] = {}
-    if batch is not None:
-        where.append(_in("batch_id", "batch", [batch] if isinstance(batch, str) else batch, params))
-    if status is not None:
-        wanted = [status] if isinstance(status, str) else status
-        where.append(_in("status", "status", [_status_value(s) for s in wanted], params))
-    if ids is not None:
-        where.append(_in("id", "id", ids, params))
+    if f.batch is not None:
+        chosen = [f.batch] if isinstance(f.batch, str) else f.batch
+        clauses.append(_in("batch_id", "batch", chosen, params))
+    if f.status is not None:
+        wanted = [f.status] if isinstance(f.status, str) else f.status
+        clauses.append(_in("status", "status", [_status_value(s) for s in wanted], params))
+    if f.ids is not None:
+        clauses.append(_in("id", "id", f.ids, params))
     for column, value, test in (
-        ("task_id", task, "="),
-        ("harness", harness, "="),
-        ("reward", min_reward, ">="),
-        ("reward", max_reward, "<="),
+        ("task_id", f.task, "="),
+        ("harness", f.harness, "="),
+        ("reward", f.min_reward, ">="),
+        ("reward", f.max_reward, "<="),
     ):
         if value is not None:
             name = f"p{len(params)}"
-            where.append(f"{column} {test} :{name}")
+            clauses.append(f"{column} {test} :{name}")
             params[name] = value
-    if drift is not None:
-        where.append(_drift_clause(drift, params))
-    if hack is not None:
-        where.append(_hack_clause(hack, params))
-    sql = _ROLLOUTS + (f" WHERE {' AND '.join(where)}" if where else "")
-    sql += " ORDER BY created_at, id" if oldest_first else " ORDER BY created_at DESC, id DESC"
-    if limit is not None or offset:
+    if f.drift is not None:
+        clauses.append(_drift_clause(f.drift, params))
+    if f.hack is not None:
+        clauses.append(_hack_clause(f.hack, params))
+    sql = _ROLLOUTS + (f" WHERE {' AND '.join(clauses)}" if clauses else "")
+    sql += " ORDER BY created_at, id" if f.oldest_first else " ORDER BY created_at DESC, id DESC"
+    if f.limit is not None or f.offset:
         # SQLite takes OFFSET only after a LIMIT; -1 is its "no limit", PostgreSQL's is ALL.
         sql += " LIMIT :limit OFFSET :offset"
-        params["limit"] = limit if limit is not None else 2**62
-        params["offset"] = offset
+        params["limit"] = f.limit if f.limit is not None else 2**62
+        params["offset"] = f.offset
     return [_view(row) for row in select(sql, params)]
 
 

@@ -31,6 +31,7 @@ from . import compress, listing
 from .chain import GENESIS_HEX, prev_of
 from .delta import KnownCall, StoredPrompt, rebuild_prompts
 from .errors import NotFound
+from .filters import RolloutFilter
 from .models import (
     CallDialect,
     CallStatus,
@@ -144,9 +145,9 @@ def rollout_by_key_hash(
     return None if row is None else _rollout_view(row)
 
 
-def rollouts(conn: Connection, /, **filters: Any) -> list[RolloutView]:
+def rollouts(conn: Connection, where: RolloutFilter, /) -> list[RolloutView]:
     """Rollouts matching every filter given (listing.rollouts, the one query for both)."""
-    return listing.rollouts(text_select(conn), **filters)
+    return listing.rollouts(text_select(conn), where)
 
 
 def analyses(conn: Connection, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:

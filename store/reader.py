@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..analysis.thread import CHUNK
 from ..loop_thread import LoopThread
 from .egress import EgressRecord
+from .filters import RolloutFilter
 from .lookup import Kind, resolve_id
 from .records import BatchView, CallBodies, CallTokens, CallView, RolloutAnalysis, RolloutView
 from .store import Store
@@ -59,36 +60,9 @@ class StoreReader:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def rollouts(
-        self,
-        *,
-        batch: str | Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        ids: Sequence[str] | None = None,
-        task: str | None = None,
-        harness: str | None = None,
-        min_reward: float | None = None,
-        max_reward: float | None = None,
-        drift: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        oldest_first: bool = False,
-    ) -> list[RolloutView]:
-        return self.run(
-            self._store.rollouts(
-                batch=batch,
-                status=status,
-                ids=ids,
-                task=task,
-                harness=harness,
-                min_reward=min_reward,
-                max_reward=max_reward,
-                drift=drift,
-                limit=limit,
-                offset=offset,
-                oldest_first=oldest_first,
-            )
-        )
+    def rollouts(self, where: RolloutFilter | None = None, /, **keywords: Any) -> list[RolloutView]:
+        """Rollouts matching every filter given, newest first (see `Store.rollouts`)."""
+        return self.run(self._store.rollouts(where, **keywords))
 
     def analyses(self, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:
         return self.run(self._store.analyses(rollout_ids))

@@ -14,6 +14,7 @@ from ..analysis.thread import CHUNK, AnalysisThread
 from . import egress, events, lifecycle, migrate, queries, routed, training
 from .database import Database, open_database, unavailable
 from .errors import InvalidTokens, NotFound, ReadOnly
+from .filters import RolloutFilter
 from .ids import hash_key, new_id, new_key
 from .packing import RoutingArray, as_ids, as_logprobs
 from .records import (
@@ -253,37 +254,11 @@ class Store:
         return await self.db.read(queries.first_weight_version, rollout_id)
 
     async def rollouts(
-        self,
-        *,
-        batch: str | Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        ids: Sequence[str] | None = None,
-        task: str | None = None,
-        harness: str | None = None,
-        min_reward: float | None = None,
-        max_reward: float | None = None,
-        drift: str | None = None,
-        hack: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        oldest_first: bool = False,
+        self, where: RolloutFilter | None = None, /, **keywords: Any
     ) -> list[RolloutView]:
-        """Rollouts matching every filter given, newest first (see listing.rollouts)."""
-        return await self.db.read(
-            queries.rollouts,
-            batch=batch,
-            status=status,
-            ids=ids,
-            task=task,
-            harness=harness,
-            min_reward=min_reward,
-            max_reward=max_reward,
-            drift=drift,
-            hack=hack,
-            limit=limit,
-            offset=offset,
-            oldest_first=oldest_first,
-        )
+        """Rollouts matching every filter given, newest first: `where`, or its fields as
+        keywords (`batch=`, `status=`, ...; store/filters.py)."""
+        return await self.db.read(queries.rollouts, RolloutFilter.of(where, **keywords))
 
     async def analyses(self, rollout_ids: Sequence[str]) -> dict[str, RolloutAnalysis]:
         """The stored faithfulness summaries of these rollouts (finished ones have one)."""

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import listing
+from .filters import RolloutFilter
 from .records import BatchView, RolloutView
 from .revision import VERSION_TABLE, newest_revision
 from .url import plain_sqlite_file
@@ -31,8 +32,8 @@ class Listing:
     def __init__(self, select: listing.Select) -> None:
         self._select = select
 
-    def rollouts(self, **filters: Any) -> list[RolloutView]:
-        return listing.rollouts(self._select, **filters)
+    def rollouts(self, where: RolloutFilter | None = None, /, **keywords: Any) -> list[RolloutView]:
+        return listing.rollouts(self._select, where, **keywords)
 
     def batches(self, **options: Any) -> list[BatchView]:
         return listing.batches(self._select, **options)

@@ -17,8 +17,10 @@ from rolltap.store import (
     Store,
 )
 from rolltap.store.events import Declared
+from rolltap.store.filters import RolloutFilter
 from rolltap.store.migrate import SchemaOutOfDate, head_revision
 from rolltap.store.queries import DRIFT_FILTERS
+from rolltap.store.reader import open as open_reader
 from tests.support.records import call
 from tests.support.stores import opened_store
 
@@ -112,7 +114,7 @@ async def test_rollout_filters(db_url: str) -> None:
         ids = await _fill(store)
 
         async def found(**filters: object) -> set[str]:
-            return {r.id for r in await store.rollouts(**filters)}  # type: ignore[arg-type]
+            return {r.id for r in await store.rollouts(**filters)}
 
         assert await found(batch="b", task="t1") == {ids["broken"], ids["clean"]}
         assert await found(harness="claude-code") == {ids["half"]}
@@ -136,6 +138,29 @@ async def test_rollout_filters(db_url: str) -> None:
         assert [r.id for r in await store.rollouts(batch="b", limit=2, offset=1)] == [
             r.id for r in newest_first[1:3]
         ]
+
+
+async def test_one_rollout_filter_for_the_store_and_the_blocking_reader(db_url: str) -> None:
+    async with opened_store(db_url) as store:
+        ids = await _fill(store)
+        await store.update_rollout(ids["clean"], hack_flags=[])
+        where = RolloutFilter(batch="b", hack="unchecked")
+        unchecked = {ids["broken"], ids["half"]}
+        assert {r.id for r in await store.rollouts(where)} == unchecked
+        assert {r.id for r in await store.rollouts(batch="b", hack="unchecked")} == unchecked
+        assert {r.id for r in await store.rollouts(where, task="t1")} == {ids["broken"]}
+
+    def read() -> tuple[set[str], set[str]]:
+        with open_reader(db_url, read_only=True) as reader:
+            return (
+                {r.id for r in reader.rollouts(where)},
+                {r.id for r in reader.rollouts(batch="b", hack="none")},
+            )
+
+    # The blocking reader takes the same filter, `hack` included.
+    assert await asyncio.to_thread(read) == (unchecked, {ids["clean"]})
+    with pytest.raises(TypeError, match="colour"):
+        RolloutFilter.of(where, colour="red")
 
 
 async def test_batches_summarise_newest_first(db_url: str) -> None:

@@ -1,0 +1,43 @@
+"""Which rollouts a listing returns: the one `RolloutFilter` the store, the blocking reader and
+`rolltap ls` all read (listing.py turns it into SQL)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RolloutFilter:
+    """Every filter given must hold; then the order and the page. None: not filtered on."""
+
+    batch: str | Sequence[str] | None = None
+    """A batch id, or several."""
+    status: str | Sequence[str] | None = None
+    """A status (listing accepts a few words for them), or several."""
+    ids: Sequence[str] | None = None
+    task: str | None = None
+    harness: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    drift: str | None = None
+    """Reads the stored analysis (a rollout is analysed when it finishes): one of
+    listing.DRIFT_FILTERS."""
+    hack: str | None = None
+    """Reads the stored hack flags: one of listing.HACK_FILTERS, or a detector's name (flagged
+    by it)."""
+    limit: int | None = None
+    offset: int = 0
+    oldest_first: bool = False
+    """Oldest first; newest first by default."""
+
+    @classmethod
+    def of(cls, where: RolloutFilter | None = None, **keywords: Any) -> RolloutFilter:
+        """`where` with the keywords a caller gave in its place or on top of it (`batch=...`,
+        `status=...`: the keyword form of every method that lists rollouts); an unknown keyword
+        is a TypeError, as for a method's own parameters."""
+        if where is None:
+            return cls(**keywords)
+        return dataclasses.replace(where, **keywords) if keywords else where

@@ -3,7 +3,8 @@ calls and the results the harness sent back, in every dialect; its egress reques
 and flag what earns reward without solving the task.
 
 A detector is anything with a `name` and `check(record) -> list[HackFlag]` (the `Detector`
-Protocol); each flag names the call and the command that raised it. The built-ins live in
+Protocol); each flag names the call and the command that raised it (`HackFlag`, the record the
+rollout row holds: store/flags.py, named from here too). The built-ins live in
 analysis/detectors.py; which ones run is chosen by analysis/choice.py (`load_detectors`). A user
 adds their own for a task family by name, in either of two ways:
 
@@ -25,15 +26,20 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from ..store import compress, egress, queries
+from ..store.flags import HackFlag as HackFlag
+from ..store.flags import flags_of as flags_of
 from ..store.models import CallDialect, CallStatus, call_body_table, call_table
 from ..store.records import RolloutView
 from .actions import Action, RecordedCall, read_actions
+
+if TYPE_CHECKING:
+    from ..store.store import Store
 
 log = logging.getLogger("rolltap.analysis.hacks")
 
@@ -42,48 +48,6 @@ AUDIT_META = "audit"
 COMMAND_LIMIT = 300
 """Characters of a flag's command kept (the call itself holds the rest)."""
 FLAGS_PER_DETECTOR = 20
-
-
-@dataclass(frozen=True)
-class HackFlag:
-    detector: str
-    reason: str
-    """One line: what the agent did that earns reward without solving the task."""
-    call_id: str | None = None
-    """The call that carried it (None: found in egress records or timing alone)."""
-    seq: int | None = None
-    command: str | None = None
-    """The command, path or URL that raised it, as the agent sent it."""
-    source: str = "tool_call"
-    """Where it was seen: tool_call, tool_result, egress or timing."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "detector": self.detector,
-            "reason": self.reason,
-            "call_id": self.call_id,
-            "seq": self.seq,
-            "command": self.command,
-            "source": self.source,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HackFlag:
-        seq = data.get("seq")
-        return cls(
-            detector=str(data.get("detector")),
-            reason=str(data.get("reason") or ""),
-            call_id=data.get("call_id"),
-            seq=int(seq) if isinstance(seq, int) else None,
-            command=data.get("command"),
-            source=str(data.get("source") or "tool_call"),
-        )
-
-    def line(self) -> str:
-        """One line for a terminal: where, which detector, why, what."""
-        where = f"seq {self.seq}" if self.seq is not None else self.source
-        command = f": {self.command}" if self.command else ""
-        return f"{self.detector} ({where}) {self.reason}{command}"
 
 
 @dataclass(frozen=True)
@@ -192,13 +156,6 @@ def detect(record: RolloutRecord, detectors: Iterable[Detector]) -> list[HackFla
     return flags
 
 
-def flags_of(stored: Any) -> list[HackFlag] | None:
-    """The flags a rollout row holds (None: never checked)."""
-    if not isinstance(stored, list):
-        return None
-    return [HackFlag.from_dict(f) for f in stored if isinstance(f, dict)]
-
-
 def detectors_of(stored: Any) -> tuple[str, ...] | None:
     """The detectors that flagged a rollout, sorted (None: never checked; (): clean)."""
     flags = flags_of(stored)
@@ -212,11 +169,6 @@ def by_call(stored: Any) -> dict[str, list[dict[str, Any]]]:
         if flag.call_id is not None:
             grouped.setdefault(flag.call_id, []).append(flag.as_dict())
     return grouped
-
-
-def as_stored(flags: Iterable[HackFlag | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Flags as the rollout row keeps them (a list of `HackFlag.as_dict()`)."""
-    return [(f if isinstance(f, HackFlag) else HackFlag.from_dict(f)).as_dict() for f in flags]
 
 
 def load_record(conn: Connection, rollout_id: str) -> RolloutRecord:
@@ -252,6 +204,12 @@ def load_record(conn: Connection, rollout_id: str) -> RolloutRecord:
         for row in rows
     )
     return RolloutRecord(view, calls, tuple(egress.records_of(conn, rollout_id)))
+
+
+async def hack_record(store: Store, rollout_id: str) -> RolloutRecord:
+    """What the reward-hack detectors read of a rollout: its calls with their bodies, its
+    egress requests, its meta."""
+    return await store.db.read(load_record, rollout_id)
 
 
 def _str(value: Any) -> str | None:

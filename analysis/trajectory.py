@@ -5,8 +5,9 @@ Reading
 ::
 
     import rolltap.store
+    from rolltap.analysis.reader import trajectories
     with rolltap.store.open("postgresql+asyncpg://rl@db/rolltap") as store:
-        for t in store.trajectories(batch="step-12", status="finished"):
+        for t in trajectories(store, batch="step-12", status="finished"):
             t.prompt_ids, t.response_ids, t.loss_mask, t.logprobs, t.reward
 
 One `Trajectory` per segment (a rollout can yield several). A segment is a run of calls whose

@@ -1,8 +1,8 @@
 """Checks a rollout's record against its hash chain (chain.py) and says what does not hold.
 
-    from rolltap.audit.integrity import verify_rollout      # a query function, like queries.*
-    result = await store.verify_rollout(rollout_id)          # or StoreReader.verify_rollout
-    result.ok, result.issues, result.refused
+    from rolltap.audit.integrity import verify_rollout
+    result = await verify_rollout(store, rollout_id)    # blocking: reader.run(verify_rollout(
+    result.ok, result.issues, result.refused            #   reader.store, rollout_id))
 
 Every call's digest is recomputed from what the store holds now: the row, its full prompt
 rebuilt from the stored deltas, its choices and its decompressed bodies. Then each link is
@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -47,7 +47,17 @@ from ..store.models import (
 )
 from ..store.packing import IdArray, pack, unpack_ids
 
-__all__ = ["Issue", "IssueKind", "RefusedCall", "RolloutIntegrity", "verify_rollout"]
+if TYPE_CHECKING:
+    from ..store.store import Store
+
+__all__ = [
+    "Issue",
+    "IssueKind",
+    "RefusedCall",
+    "RolloutIntegrity",
+    "verify_rollout",
+    "verify_snapshot",
+]
 
 C, CH, B, R = call_table, choice_table, call_body_table, rollout_table
 
@@ -156,8 +166,14 @@ class _Call:
         return f"call {self.id} (seq {self.seq})"
 
 
-def verify_rollout(conn: Connection, rollout_id: str) -> RolloutIntegrity:
-    """Recompute a rollout's chain from what the store holds now (run it in one snapshot)."""
+async def verify_rollout(store: Store, rollout_id: str) -> RolloutIntegrity:
+    """Recompute a rollout's hash chain from what the store holds, in one read."""
+    return await store.db.read(verify_snapshot, rollout_id)
+
+
+def verify_snapshot(conn: Connection, rollout_id: str) -> RolloutIntegrity:
+    """Recompute a rollout's chain from what the store holds now (a query function, like
+    store.queries: run it in one snapshot)."""
     rollout = conn.execute(
         select(R.c.status, R.c.head_hash, R.c.head_seq, R.c.hack_flags).where(R.c.id == rollout_id)
     ).first()

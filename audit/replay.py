@@ -1,7 +1,7 @@
 """A replay's report: how a rollout ran again against its own recorded answers (`rolltap replay`).
 
 The report is stored as the replay rollout's `meta["replay"]`, and the original rollout lists
-its replays in `meta["replays"]`; `Store.replay_report` reads either way, so the CLI, the admin
+its replays in `meta["replays"]`; `replay_report(store, id)` reads either way, so the CLI, the admin
 API (`GET /admin/rollouts/{id}/replay`) and the web viewer show the same thing. The proxy's
 cassette (rolltap.proxy.replay) produces the per-call part.
 
@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..store.errors import NotFound
+
+if TYPE_CHECKING:
+    from ..store.store import Store
 
 REPORT_KEY = "replay"
 """The replay rollout's meta key holding its report."""
@@ -173,3 +178,17 @@ def report_of(meta: dict[str, Any]) -> ReplayReport | None:
     """The report a replay rollout's meta holds, if it is one (and it has finished)."""
     data = meta.get(REPORT_KEY)
     return ReplayReport.from_json(data) if isinstance(data, dict) else None
+
+
+async def replay_report(store: Store, rollout_id: str) -> ReplayReport | None:
+    """The report of a replay rollout, or of an original's latest replay; None when it has none
+    (yet)."""
+    view = await store.rollout(rollout_id)
+    report = report_of(view.meta)
+    replays = view.meta.get(REPLAYS)
+    if report is None and isinstance(replays, list) and replays:
+        try:
+            report = report_of((await store.rollout(str(replays[-1]))).meta)
+        except NotFound:
+            return None  # a replay listed but not in this database (an export, a copy)
+    return report

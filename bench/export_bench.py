@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 import rolltap.store
+from rolltap.analysis import reader as blocking
 from rolltap.export.export import open_writer, write_all
 from rolltap.store import (
     CallDialect,
@@ -139,7 +140,7 @@ def threads():
 with rolltap.store.open(sys.argv[1], read_only=True) as reader:
     before, cpu, wall = threads(), time.process_time(), time.perf_counter()
     writer = open_writer("parquet", sys.argv[2])
-    stats = write_all(reader.iter_rollout_trajectories(batch="bench"), writer)
+    stats = write_all(blocking.iter_rollout_trajectories(reader, batch="bench"), writer)
     writer.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     split = {k: round(v - before.get(k, 0), 2) for k, v in threads().items()}
@@ -186,7 +187,7 @@ def main() -> None:
         with rolltap.store.open(url) as reader:
             start = time.perf_counter()
             trajectories = tokens = breaks = 0
-            for rt in reader.iter_rollout_trajectories(batch="bench"):
+            for rt in blocking.iter_rollout_trajectories(reader, batch="bench"):
                 trajectories += len(rt.trajectories)
                 tokens += sum(t.n_tokens for t in rt.trajectories)
                 breaks += sum(rt.faithfulness.breaks.values())
@@ -200,7 +201,7 @@ def main() -> None:
                 out = Path(tmp) / f"out.{fmt}"
                 writer = open_writer(fmt, out)
                 start = time.perf_counter()
-                stats = write_all(reader.iter_rollout_trajectories(batch="bench"), writer)
+                stats = write_all(blocking.iter_rollout_trajectories(reader, batch="bench"), writer)
                 writer.close()
                 took = time.perf_counter() - start
                 size = out.stat().st_size / 2**20

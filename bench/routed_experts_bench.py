@@ -32,6 +32,7 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the fake engine of the test suite
 
+from rolltap.analysis.reading import rollout_trajectories  # noqa: E402
 from rolltap.store import NewRollout, RolloutStatus, Store  # noqa: E402
 from rolltap.store.events import Declared  # noqa: E402
 from rolltap.store.models import call_table, choice_table, routed_experts_table  # noqa: E402
@@ -92,7 +93,7 @@ async def _sizes(store: Store, rollout_id: str) -> dict[str, int]:
             .where(C.c.rollout_id == rollout_id)
         )
     whole = await store.routed_experts(rollout_id)
-    (t,) = (await store.rollout_trajectories(rollout_id)).trajectories
+    (t,) = (await rollout_trajectories(store, rollout_id)).trajectories
     return {
         "tokens": t.n_tokens,
         "stored": int(stored or 0),

@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from export_bench import build_store  # noqa: E402
 
 from rolltap import wire  # noqa: E402
+from rolltap.analysis.reading import build_trajectories  # noqa: E402
 from rolltap.client import AsyncClient, Group, parse_group  # noqa: E402
 from rolltap.proxy.context import ProxySettings  # noqa: E402
 from rolltap.proxy.middleware import errors  # noqa: E402
@@ -189,7 +190,7 @@ async def _per_group(store: Store, service: Service, samples: int) -> None:
     for record in records[:n]:
         t = time.perf_counter()
         views = await store.rollouts(ids=list(record.rollout_ids))
-        built = await store.build_trajectories(views)
+        built = await build_trajectories(store, views)
         t = clock("assembly (store -> trajectories)", t)
         rows = [trajectory_row(x) for b in built for x in b.trajectories]
         t = clock("rows", t)

@@ -25,6 +25,7 @@ import asyncpg
 import numpy as np
 from sqlalchemy import func, select
 
+from rolltap.audit.integrity import verify_rollout
 from rolltap.store import (
     CallDialect,
     CallRecord,
@@ -155,7 +156,7 @@ async def growing_rollout(url: str) -> tuple[int, int, int, float]:
         reads += 1
     rate = tokens / (time.perf_counter() - start)
     start = time.perf_counter()
-    verified = await store.verify_rollout(rollout)
+    verified = await verify_rollout(store, rollout)
     assert verified.ok, verified.issues
     print(f"    verify_rollout of it: {(time.perf_counter() - start) * 1000:.0f} ms")
     await store.close()

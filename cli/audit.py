@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..analysis.choice import DetectorError, load_detectors
+from ..analysis.hack_check import check_hacks
 from ..analysis.hacks import HackFlag, flags_of
 from ..audit import signature
-from ..audit.integrity import RolloutIntegrity
+from ..audit.integrity import RolloutIntegrity, verify_rollout
 from ..store import NotFound, StoreReader
 from ..store import open as open_store
 from .ids import batch_filter
@@ -84,7 +85,7 @@ def verify(
                 "the store holds no rollouts yet" if every else f"batch {batch!r} has no rollouts"
             )
         for rid in ids:
-            result = store.verify_rollout(rid)
+            result = store.run(verify_rollout(store.store, rid))
             failed += not result.ok
             if as_json:
                 click.echo(json.dumps(result.as_dict()))
@@ -161,7 +162,7 @@ def hacks(
             if stored:
                 found = kept or []
             else:
-                found = store.run(store.store.check_hacks(view.id, chosen, save=save))
+                found = store.run(check_hacks(store.store, view.id, chosen, save=save))
             flagged += bool(found)
             for detector in {f.detector for f in found}:
                 by_detector[detector] = by_detector.get(detector, 0) + 1
@@ -243,7 +244,7 @@ def _against_store(console: Console, store: StoreReader, entry: dict[str, Any]) 
     """The store's record of an exported rollout against what the export says it was."""
     rid = str(entry.get("id"))
     try:
-        result = store.verify_rollout(rid)
+        result = store.run(verify_rollout(store.store, rid))
     except NotFound:
         console.print(f"  rollout {rid}: not in this store (only the signature was checked)")
         return []

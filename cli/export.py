@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..analysis.detokenizer import HFDetokenizer
+from ..analysis.reader import iter_rollout_trajectories
 from ..analysis.trajectory import replay_of
+from ..audit.integrity import verify_rollout
 from ..audit.signature import sign
 from ..export.atif import rollout_atif
 from ..export.export import open_writer, write_all
@@ -174,7 +176,7 @@ def _export_rows(
         ) as progress:
             task = progress.add_task("export", total=total)
             stats = write_all(
-                store.iter_rollout_trajectories(rollouts=selected, detokenizer=detokenizer),
+                iter_rollout_trajectories(store, rollouts=selected, detokenizer=detokenizer),
                 writer,
                 on_rollout=lambda _: progress.advance(task),
             )
@@ -216,7 +218,7 @@ def _verified_chains(store: StoreReader, views: list[RolloutView]) -> dict[str, 
     chains: dict[str, str | None] = {}
     broken = []
     for view in views:
-        result = store.verify_rollout(view.id)
+        result = store.run(verify_rollout(store.store, view.id))
         if not result.ok:
             broken.append(f"{view.id} ({len(result.issues)} issues)")
         chains[view.id] = result.chain_hash

@@ -12,7 +12,9 @@ from rich.table import Table
 
 from ..analysis.bridging import Bridging
 from ..analysis.hacks import flags_of
+from ..analysis.reader import rollout_trajectories
 from ..analysis.toolparse import ToolParsing
+from ..audit.integrity import verify_rollout
 from ..store import CallView, EgressRecord, EgressVerdict, RolloutView, StoreReader
 from .audit import render as render_integrity
 from .cells import task_label, when
@@ -37,10 +39,10 @@ def show(
     if conversation:
         _conversation(console, store, calls)
     # Its hash chain, and the calls the proxy refused (budget, finished, revoked, malformed).
-    render_integrity(console, store.verify_rollout(rollout_id))
+    render_integrity(console, store.run(verify_rollout(store.store, rollout_id)))
     _render_egress(console, store.egress(rollout_id))
     if calls:
-        render_segments(console, store.rollout_trajectories(rollout_id, detokenizer=detokenizer))
+        render_segments(console, rollout_trajectories(store, rollout_id, detokenizer=detokenizer))
 
 
 def render_hacks(console: Console, r: RolloutView) -> None:

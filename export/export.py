@@ -31,7 +31,9 @@ import pyarrow.parquet as pq
 
 from ..analysis.bridging import Bridging
 from ..analysis.drift import Detokenizer
+from ..analysis.reading import rollout_trajectories
 from ..analysis.trajectory import RolloutTrajectories, Trajectory
+from ..audit.integrity import verify_rollout
 from ..store.store import Store
 from . import columns
 
@@ -306,14 +308,14 @@ async def rollout_document(
     document: dict[str, Any] = {
         "rollout": view.as_dict(),
         "calls": [c.as_dict() for c in calls],
-        "integrity": (await store.verify_rollout(rollout_id)).as_dict(),
+        "integrity": (await verify_rollout(store, rollout_id)).as_dict(),
         "bridging": None if bridging is None else bridging.as_dict(),
         "faithfulness": None,
         "segments": [],
         "egress": [e.as_dict() for e in await store.egress(rollout_id)],
     }
     if calls:
-        built = await store.rollout_trajectories(rollout_id, detokenizer=detokenizer)
+        built = await rollout_trajectories(store, rollout_id, detokenizer=detokenizer)
         document["faithfulness"] = built.faithfulness.as_dict()
         document["segments"] = [segment_dict(t) for t in built.trajectories]
     return document
@@ -323,4 +325,4 @@ async def rollout_trajectory_json(
     store: Store, rollout_id: str, *, detokenizer: Detokenizer | None = None
 ) -> dict[str, Any]:
     """`rollout_dict` of a rollout read from `store` (raises NotFound for an unknown id)."""
-    return rollout_dict(await store.rollout_trajectories(rollout_id, detokenizer=detokenizer))
+    return rollout_dict(await rollout_trajectories(store, rollout_id, detokenizer=detokenizer))

@@ -31,6 +31,7 @@ import platformdirs
 
 from ..analysis.choice import load_detectors
 from ..analysis.hacks import Detector
+from ..analysis.reading import analyze_rollout
 from ..proxy.replay import Cassette
 from ..proxy.tokenin.options import TokenInOptions
 from ..store import RolloutStatus, Store
@@ -471,5 +472,5 @@ async def _interrupted(store: Store, batch_id: str) -> None:
     for view in await store.rollouts(batch=batch_id, status=unfinished):
         await store.report(view.id, Cancelled("interrupted"))
         if view.n_calls:
-            await store.analyze_rollout(view.id)
+            await analyze_rollout(store, view.id)
         store.forget(view.id)

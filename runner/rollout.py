@@ -24,7 +24,8 @@ from typing import Any, Protocol, runtime_checkable
 from rolltap import telemetry
 
 from ..analysis.choice import load_detectors
-from ..analysis.hacks import AUDIT_META, Detector, HackFlag, detect
+from ..analysis.hacks import AUDIT_META, Detector, HackFlag, detect, hack_record
+from ..analysis.reading import analyze_rollout
 from ..store import RolloutStatus, Store
 from ..store.events import HarnessEnded, Started
 from ..store.lifecycle import status_of
@@ -377,7 +378,7 @@ async def _finish(
     status, error, reward, details = view.status, view.error, ended.reward, ended.details
     if view.n_calls:
         # The finished rollout's segments, drift breaks and faithfulness go into the store too.
-        await store.analyze_rollout(planned.rollout_id)
+        await analyze_rollout(store, planned.rollout_id)
     store.forget(planned.rollout_id)
     if started is not None:
         seconds["total"] = time.monotonic() - started
@@ -410,7 +411,7 @@ async def _hack_flags(shared: Shared, planned: Planned, status: RolloutStatus) -
     all of it is stored: its calls, and its egress requests flushed."""
     if shared.egress is not None:
         await shared.egress.flush(shared.store)
-    record = await shared.store.hack_record(planned.rollout_id)
+    record = await hack_record(shared.store, planned.rollout_id)
     record = replace(record, rollout=replace(record.rollout, status=status))
     detectors = load_detectors() if shared.detectors is None else shared.detectors
     # Off the event loop: the proxy of `rolltap run` serves other rollouts' calls on it.

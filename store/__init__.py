@@ -33,23 +33,17 @@ from .records import (
 from .url import DatabaseURL, resolve_url
 
 if TYPE_CHECKING:
-    from ..audit.integrity import Issue, IssueKind, RefusedCall, RolloutIntegrity
     from .egress import EgressRecord
     from .reader import StoreReader, open
     from .store import Store
     from .writer import StoreState, StoreStatus
 
-# The facades (the async Store, the blocking reader, the audit's integrity types) are loaded on
-# first use: they build on the trajectory analysis and the audit, which themselves read
-# store.models and store.records, so loading them here would make `import rolltap.store.models`
-# (from analysis/, audit/ or a CLI command that only lists rows) pull in everything. What is
-# loaded here needs neither SQLAlchemy nor numpy: `rolltap ls` reads SQLite without them.
+# The facades (the async Store, the blocking reader) are loaded on first use: they need
+# SQLAlchemy and numpy, and what is loaded here needs neither: `rolltap ls` reads SQLite without
+# them. The store is persistence only: what reads a record (trajectories, hack checks, the
+# chain's verification, replay reports) lives in analysis/ and audit/, on top of it.
 _LAZY = {
     "EgressRecord": ".egress",
-    "Issue": "..audit.integrity",
-    "IssueKind": "..audit.integrity",
-    "RefusedCall": "..audit.integrity",
-    "RolloutIntegrity": "..audit.integrity",
     "StoreReader": ".reader",
     "open": ".reader",
     "Store": ".store",
@@ -82,15 +76,11 @@ __all__ = [
     "EgressVerdict",
     "IllegalTransition",
     "InvalidTokens",
-    "Issue",
-    "IssueKind",
     "NewRollout",
     "NotFound",
     "ReadOnly",
-    "RefusedCall",
     "RolloutAnalysis",
     "RolloutFilter",
-    "RolloutIntegrity",
     "RolloutStatus",
     "RolloutView",
     "Store",

@@ -25,8 +25,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Dialect
 
-from ..analysis.bridging import Bridging
-from ..analysis.toolparse import ToolParsing
 from . import compress, listing
 from .chain import GENESIS_HEX, prev_of
 from .delta import KnownCall, StoredPrompt, rebuild_prompts
@@ -514,30 +512,3 @@ def existing_rollouts(conn: Connection, rollout_ids: Sequence[str]) -> set[str]:
     if not rollout_ids:
         return set()
     return set(conn.execute(select(R.c.id).where(R.c.id.in_(list(rollout_ids)))).scalars())
-
-
-def bridging(conn: Connection, rollout_id: str | None, batch_id: str | None) -> Bridging | None:
-    """Token-in outcomes of a rollout's calls, or of every call of a batch's rollouts."""
-    query = select(C.c.bridge, func.count()).where(C.c.bridge.is_not(None)).group_by(C.c.bridge)
-    if rollout_id is not None:
-        query = query.where(C.c.rollout_id == rollout_id)
-    if batch_id is not None:
-        query = query.where(
-            C.c.rollout_id.in_(select(R.c.id).where(R.c.batch_id == batch_id).scalar_subquery())
-        )
-    counts = {str(outcome): int(n) for outcome, n in conn.execute(query)}
-    return Bridging(counts) if counts else None
-
-
-def tool_parsing(
-    conn: Connection, rollout_id: str | None, batch_id: str | None
-) -> ToolParsing | None:
-    """Tool-call parse outcomes of a rollout's calls, or of every call of a batch's rollouts."""
-    query = select(C.c.tool_parse).where(C.c.tool_parse.is_not(None))
-    if rollout_id is not None:
-        query = query.where(C.c.rollout_id == rollout_id)
-    if batch_id is not None:
-        query = query.where(
-            C.c.rollout_id.in_(select(R.c.id).where(R.c.batch_id == batch_id).scalar_subquery())
-        )
-    return ToolParsing.of(conn.execute(query).scalars())

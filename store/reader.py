@@ -1,18 +1,18 @@
 """A blocking reader for trainers and scripts: `rolltap.store.open(url)`.
 
 It drives the async store on a private event loop thread, so it also works inside a notebook or
-a trainer that already runs an event loop of its own.
+a trainer that already runs an event loop of its own. What reads a record takes the reader as its
+store: trajectories (rolltap.analysis.reader), or any coroutine of analysis/ and audit/ through
+`run` (`reader.run(verify_rollout(reader.store, rollout_id))`).
 """
 
 from __future__ import annotations
 
 import os
-from collections import deque
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from ..analysis.thread import CHUNK
 from ..loop_thread import LoopThread
 from .egress import EgressRecord
 from .filters import RolloutFilter
@@ -20,12 +20,6 @@ from .lookup import Kind, resolve_id
 from .records import BatchView, CallBodies, CallTokens, CallView, RolloutAnalysis, RolloutView
 from .store import Store
 from .url import DatabaseURL
-
-if TYPE_CHECKING:
-    from ..analysis.drift import Detokenizer
-    from ..analysis.trajectory import RolloutTrajectories, Trajectory
-    from ..audit.integrity import RolloutIntegrity
-    from ..audit.replay import ReplayReport
 
 T = TypeVar("T")
 
@@ -47,6 +41,10 @@ class StoreReader:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine of the async store on this reader's loop and wait for it."""
         return self._loop.run(coro)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Start a coroutine of the async store on this reader's loop and return at once."""
+        return self._loop.submit(coro)
 
     def close(self) -> None:
         try:
@@ -96,69 +94,6 @@ class StoreReader:
 
     def call_bodies(self, call_id: str) -> CallBodies:
         return self.run(self._store.call_bodies(call_id))
-
-    def replay_report(self, rollout_id: str) -> ReplayReport | None:
-        """A replay's report, or an original's latest replay's (audit/replay.py)."""
-        return self.run(self._store.replay_report(rollout_id))
-
-    def verify_rollout(self, rollout_id: str) -> RolloutIntegrity:
-        """The rollout's record checked against its hash chain (audit/integrity.py)."""
-        return self.run(self._store.verify_rollout(rollout_id))
-
-    def trajectories(
-        self,
-        *,
-        batch: str | Sequence[str] | None = None,
-        rollouts: str | Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        detokenizer: Detokenizer | None = None,
-    ) -> Iterator[Trajectory]:
-        """Every segment of the selected rollouts as a trajectory (numpy arrays), oldest first."""
-        for built in self.iter_rollout_trajectories(
-            batch=batch, rollouts=rollouts, status=status, detokenizer=detokenizer
-        ):
-            yield from built.trajectories
-
-    def iter_rollout_trajectories(
-        self,
-        *,
-        batch: str | Sequence[str] | None = None,
-        rollouts: str | Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        detokenizer: Detokenizer | None = None,
-        chunk: int = CHUNK,
-    ) -> Iterator[RolloutTrajectories]:
-        """Rollout by rollout, with each one's breaks and faithfulness summary."""
-        ids = [rollouts] if isinstance(rollouts, str) else rollouts
-        views = self.rollouts(batch=batch, status=status, ids=ids, oldest_first=True)
-        parts = [views[start : start + chunk] for start in range(0, len(views), chunk)]
-
-        def build(part: list[RolloutView]) -> Future[list[RolloutTrajectories]]:
-            return self._loop.submit(self._store.build_trajectories(part, detokenizer=detokenizer))
-
-        # The next part is built while the caller takes this one (an export writes Parquet
-        # without the GIL meanwhile), so assembly, the database and the writer overlap.
-        pending: deque[Future[list[RolloutTrajectories]]] = deque()
-        try:
-            for part in parts:
-                pending.append(build(part))
-                if len(pending) > 1:
-                    yield from pending.popleft().result()
-            while pending:
-                yield from pending.popleft().result()
-        finally:
-            for left in pending:
-                left.cancel()
-
-    def rollout_trajectories(
-        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
-    ) -> RolloutTrajectories:
-        return self.run(self._store.rollout_trajectories(rollout_id, detokenizer=detokenizer))
-
-    def analyze_rollout(
-        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
-    ) -> RolloutTrajectories:
-        return self.run(self._store.analyze_rollout(rollout_id, detokenizer=detokenizer))
 
 
 def open(url: str | DatabaseURL | None = None, *, read_only: bool = False) -> StoreReader:

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..analysis.thread import CHUNK, AnalysisThread
 from . import egress, events, lifecycle, migrate, queries, routed, training
 from .database import Database, open_database, unavailable
-from .errors import InvalidTokens, NotFound, ReadOnly
+from .errors import InvalidTokens, ReadOnly
 from .filters import RolloutFilter
+from .flags import HackFlag, as_stored, flags_of
 from .ids import hash_key, new_id, new_key
 from .packing import RoutingArray, as_ids, as_logprobs
+from .read_thread import ReadThread
 from .records import (
     BatchView,
     CallBodies,
@@ -34,17 +35,8 @@ from .records import (
 from .url import DatabaseURL, resolve_url
 from .writer import AppendCall, Apply, CreateRollout, GroupCommitWriter, StoreStatus, UpdateRollout
 
-if TYPE_CHECKING:
-    from ..analysis import hacks
-    from ..analysis.bridging import Bridging
-    from ..analysis.drift import Detokenizer
-    from ..analysis.toolparse import ToolParsing
-    from ..analysis.trajectory import RolloutTrajectories, Trajectory
-    from ..audit.integrity import RolloutIntegrity
-    from ..audit.replay import ReplayReport
-
-# The analysis and the audit (trajectories, reward-hack detectors, the hash chain's check) are
-# imported by the methods that use them: a command that lists rollouts loads none of them.
+P = ParamSpec("P")
+T = TypeVar("T")
 
 FINAL_STATUSES = lifecycle.ENDED
 """The statuses of a rollout that has ended (store/lifecycle.py)."""
@@ -72,9 +64,9 @@ class Store:
         self.db = db
         # None when opened read-only: every write then raises ReadOnly.
         self._writer = writer
-        self._analysis = AnalysisThread(db.url, read_only=writer is None)
+        self._read_thread = ReadThread(db.url, read_only=writer is None)
         self._on_finished: list[Callable[[str], None]] = []
-        self._on_hack_flags: list[Callable[[str, list[hacks.HackFlag]], None]] = []
+        self._on_hack_flags: list[Callable[[str, list[HackFlag]], None]] = []
 
     @classmethod
     async def connect(
@@ -116,7 +108,7 @@ class Store:
         return cls(db, writer)
 
     async def close(self) -> None:
-        await self._analysis.close()
+        await self._read_thread.close()
         if self._writer is not None:
             await self._writer.close()
         await self.db.dispose()
@@ -181,24 +173,18 @@ class Store:
         self, rollout_id: str, values: dict[str, Any], change: lifecycle.Change
     ) -> RolloutView:
         if values.get("hack_flags") is not None:
-            from ..analysis import hacks
-
-            values["hack_flags"] = hacks.as_stored(values["hack_flags"])
+            values["hack_flags"] = as_stored(values["hack_flags"])
         view: RolloutView = await self._writes().submit(UpdateRollout(rollout_id, values, change))
         if values.get("status") in _FINAL_VALUES:
             for listener in list(self._on_finished):
                 listener(rollout_id)
         if values.get("hack_flags"):
-            from ..analysis import hacks
-
-            flagged = hacks.flags_of(values["hack_flags"]) or []
+            flagged = flags_of(values["hack_flags"]) or []
             for on_flags in list(self._on_hack_flags):
                 on_flags(rollout_id, flagged)
         return view
 
-    def on_hack_flags(
-        self, listener: Callable[[str, list[hacks.HackFlag]], None]
-    ) -> Callable[[], None]:
+    def on_hack_flags(self, listener: Callable[[str, list[HackFlag]], None]) -> Callable[[], None]:
         """Call `listener(rollout_id, flags)` once flags written through this store are durable
         (the proxy counts them per detector on /metrics); returns the undo."""
         self._on_hack_flags.append(listener)
@@ -278,20 +264,6 @@ class Store:
         """The rollout's egress requests, oldest first (empty without egress)."""
         return await self.db.read(egress.records_of, rollout_id)
 
-    async def bridging(
-        self, *, rollout_id: str | None = None, batch_id: str | None = None
-    ) -> Bridging | None:
-        """Token-in outcomes and bridge_break_rate of a rollout or a batch (None: no token-in
-        call)."""
-        return await self.db.read(queries.bridging, rollout_id, batch_id)
-
-    async def tool_parsing(
-        self, *, rollout_id: str | None = None, batch_id: str | None = None
-    ) -> ToolParsing | None:
-        """Tool-call parse outcomes and malformed_call_rate of a rollout or a batch (None: no
-        answer's calls were parsed by rolltap or its engine)."""
-        return await self.db.read(queries.tool_parsing, rollout_id, batch_id)
-
     async def call(self, call_id: str) -> CallView:
         return await self.db.read(queries.call, call_id)
 
@@ -325,100 +297,20 @@ class Store:
     ) -> tuple[str, str] | None:
         return await self.db.read(queries.latest_call_with_body, rollout_id, body_hash)
 
-    async def replay_report(self, rollout_id: str) -> ReplayReport | None:
-        """The report of a replay rollout, or of an original's latest replay (audit/replay.py);
-        None when it has none (yet)."""
-        from ..audit.replay import REPLAYS, report_of
-
-        view = await self.rollout(rollout_id)
-        report = report_of(view.meta)
-        replays = view.meta.get(REPLAYS)
-        if report is None and isinstance(replays, list) and replays:
-            try:
-                report = report_of((await self.rollout(str(replays[-1]))).meta)
-            except NotFound:
-                return None  # a replay listed but not in this database (an export, a copy)
-        return report
-
-    async def hack_record(self, rollout_id: str) -> hacks.RolloutRecord:
-        """What the reward-hack detectors read of a rollout: its calls with their bodies, its
-        egress requests, its meta (analysis/hacks.py)."""
-        from ..analysis import hacks
-
-        return await self.db.read(hacks.load_record, rollout_id)
-
-    async def check_hacks(
+    async def heavy_read(
         self,
-        rollout_id: str,
-        detectors: Sequence[hacks.Detector] | None = None,
-        *,
-        save: bool = False,
-    ) -> list[hacks.HackFlag]:
-        """Runs the detectors (default: `choice.load_detectors()`) on the rollout's record now;
-        `save`: store the flags as the rollout's `hack_flags` (sealed into an ended rollout's
-        head)."""
-        from ..analysis import choice, hacks
+        fn: Callable[Concatenate[Database, P], Coroutine[Any, Any, T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """`fn(db, ...)`, a read of seconds of CPU (trajectory assembly), on the store's read
+        thread with its own connections (store/read_thread.py): the caller's loop runs on."""
+        return await self._read_thread.run(fn, *args, **kwargs)
 
-        record = await self.hack_record(rollout_id)
-        chosen = choice.load_detectors() if detectors is None else detectors
-        found = await asyncio.to_thread(hacks.detect, record, chosen)
-        if save:
-            await self.update_rollout(rollout_id, hack_flags=found)
-        return found
-
-    async def verify_rollout(self, rollout_id: str) -> RolloutIntegrity:
-        """Recompute a rollout's hash chain from what the store holds (audit/integrity.py)."""
-        from ..audit import integrity
-
-        return await self.db.read(integrity.verify_rollout, rollout_id)
-
-    # --- trajectories (see rolltap.analysis.trajectory) -----------------------------------------
-
-    async def rollout_trajectories(
-        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
-    ) -> RolloutTrajectories:
-        """One rollout's segments as trajectories, with its breaks and faithfulness summary."""
-        view = await self.rollout(rollout_id)
-        return (await self._analysis.build([view], detokenizer))[0]
-
-    async def build_trajectories(
-        self, rollouts: Sequence[RolloutView], *, detokenizer: Detokenizer | None = None
-    ) -> list[RolloutTrajectories]:
-        """Several rollouts at once (a few queries for all of them): for exports."""
-        return await self._analysis.build(rollouts, detokenizer)
-
-    async def trajectories(
-        self,
-        *,
-        batch: str | Sequence[str] | None = None,
-        rollouts: str | Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        detokenizer: Detokenizer | None = None,
-        chunk: int = CHUNK,
-    ) -> AsyncIterator[Trajectory]:
-        """Every segment of the selected rollouts as a trajectory, oldest rollout first."""
-        views = await self.rollouts(
-            batch=batch, status=status, ids=_ids(rollouts), oldest_first=True
-        )
-        for start in range(0, len(views), chunk):
-            for built in await self._analysis.build(views[start : start + chunk], detokenizer):
-                for t in built.trajectories:
-                    yield t
-
-    async def analyze_rollout(
-        self, rollout_id: str, *, detokenizer: Detokenizer | None = None
-    ) -> RolloutTrajectories:
-        """Build a rollout's trajectories and record its breaks and faithfulness summary in the
-        segment_break and rollout_faithfulness tables (replacing an earlier analysis)."""
-        from ..analysis import trajectory
-
-        built = await self.rollout_trajectories(rollout_id, detokenizer=detokenizer)
-        await self._writes().submit(Apply(functools.partial(trajectory.record, built=built)))
-        return built
-
-
-def _ids(rollouts: str | Sequence[str] | None) -> Sequence[str] | None:
-    return [rollouts] if isinstance(rollouts, str) else rollouts
+    async def apply(self, fn: Callable[[Connection], Any]) -> None:
+        """Run a write function in the writer's transaction (writer.Apply: it must be
+        idempotent); durable on return."""
+        await self._writes().submit(Apply(fn))
 
 
 def _validated(record: CallRecord) -> CallRecord:

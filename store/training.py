@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
-from ..analysis.bridging import Bridging
 from .models import MetricsSource, batch_metrics_table, call_table, rollout_table
 
 M = batch_metrics_table
@@ -131,17 +130,3 @@ def call_versions(conn: Connection, batch_ids: Sequence[str]) -> dict[str, dict[
     for batch_id, version, n in conn.execute(query):
         found[batch_id][str(version)] = int(n)
     return dict(found)
-
-
-def bridging_by_batch(conn: Connection, batch_ids: Sequence[str]) -> dict[str, Bridging]:
-    """Batch -> the token-in outcomes of its calls (batches without token-in calls left out)."""
-    query = (
-        select(R.c.batch_id, C.c.bridge, func.count())
-        .select_from(C.join(R, C.c.rollout_id == R.c.id))
-        .where(R.c.batch_id.in_(list(batch_ids)), C.c.bridge.is_not(None))
-        .group_by(R.c.batch_id, C.c.bridge)
-    )
-    found: dict[str, dict[str, int]] = defaultdict(dict)
-    for batch_id, outcome, n in conn.execute(query):
-        found[batch_id][str(outcome)] = int(n)
-    return {batch_id: Bridging(outcomes) for batch_id, outcomes in found.items()}

@@ -1,8 +1,9 @@
 """One rollout, analysed for its page: segments, token layout, drift breaks and their diffs.
 
-The analysis is what `rolltap show` computes (`Store.rollout_trajectories`, with the viewer's
-tokenizer when it has one, so breaks are also judged on text). Token strips load one call at a
-time, so the last few analyses are kept, keyed by what would change them (calls, status).
+The analysis is what `rolltap show` computes (analysis/reading.py `rollout_trajectories`, with
+the viewer's tokenizer when it has one, so breaks are also judged on text). Token strips load one
+call at a time, so the last few analyses are kept, keyed by what would change them (calls,
+status).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.drift import DetokenizeFailed, Drift
+from ..analysis.reading import rollout_trajectories
 from ..analysis.segments import SegmentRole
 from ..analysis.trajectory import Faithfulness, RolloutTrajectories, Trajectory
 from ..store import CallView, RolloutView, Store
@@ -65,7 +67,7 @@ class Analyses:
                 return self._kept[key]
             detokenizer = None if texts is None else texts.detokenizer
             try:
-                built = await store.rollout_trajectories(view.id, detokenizer=detokenizer)
+                built = await rollout_trajectories(store, view.id, detokenizer=detokenizer)
             except ValueError as e:
                 # Records edited behind the store's back (ids and logprobs of different
                 # lengths) cannot be assembled; the page still shows everything else.

@@ -11,7 +11,8 @@ from aiohttp import web
 
 from ..analysis.hacks import HackFlag, flags_of
 from ..analysis.trajectory import Trajectory
-from ..audit.integrity import RolloutIntegrity
+from ..audit.integrity import RolloutIntegrity, verify_rollout
+from ..audit.replay import replay_report
 from ..store import CallView, NotFound, RolloutView
 from . import charts
 from .analysis import Analysis, breaks
@@ -46,7 +47,7 @@ async def rollout_page(request: web.Request) -> web.Response:
     talk = exchanges(calls, bodies)
     rows = _rows(analysis, calls, talk)
     by_call = {e.call.id: e for e in talk}
-    integrity = await ctx.store.verify_rollout(view.id)
+    integrity = await verify_rollout(ctx.store, view.id)
     return ctx.templates.page(
         "rollout.html",
         r=view,
@@ -60,7 +61,7 @@ async def rollout_page(request: web.Request) -> web.Response:
         has_text=texts is not None,
         drift_counts=sorted(analysis.built.faithfulness.breaks.items()),
         unassembled=analysis.failure,
-        replay=await ctx.store.replay_report(view.id),
+        replay=await replay_report(ctx.store, view.id),
         egress=await ctx.store.egress(view.id),
         hacks=flags_of(view.hack_flags),
         hacks_by_seq=_hacks_by_seq(view),

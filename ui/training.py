@@ -27,10 +27,11 @@ from urllib.parse import urlencode
 from multidict import MultiMapping
 
 from ..analysis.bridging import Bridging
+from ..analysis.outcomes import bridging_by_batch
 from ..runner.summary import current_attempts, pass_at_k
 from ..store import RolloutView, Store
 from ..store.models import MetricsSource
-from ..store.training import PostedMetrics, bridging_by_batch, call_versions, metrics_of
+from ..store.training import PostedMetrics, call_versions, metrics_of
 from .errors import BadQuery
 from .posted import MISMATCH_MAX, MISMATCH_MEAN, SECONDS, combine, merge_posts, number, shown
 

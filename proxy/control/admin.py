@@ -18,6 +18,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ...analysis import outcomes
+from ...analysis.reading import analyze_rollout, rollout_trajectories
+from ...audit.replay import replay_report
 from ...export.export import rollout_dict
 from ...store import IllegalTransition, NewRollout, NotFound, RolloutStatus, RolloutView
 from ...store.events import Declared
@@ -204,7 +207,7 @@ async def update_rollout(request: web.Request) -> web.Response:
         raise BadRequest(str(e)) from None
     if view.status in FINAL_STATUSES:
         # A finished rollout gets its segments, drift breaks and faithfulness recorded.
-        await ctx.store.analyze_rollout(rollout_id)
+        await analyze_rollout(ctx.store, rollout_id)
         ctx.store.forget(rollout_id)
     return respond(rollout_json(view))
 
@@ -214,13 +217,13 @@ async def get_trajectory(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     rollout_id = request.match_info["rollout_id"]
     try:
-        # Assembled on the store's analysis thread, serialized on a worker thread: a big
+        # Assembled on the store's read thread, serialized on a worker thread: a big
         # rollout takes seconds of CPU that must not stall the calls on this loop.
-        built = await ctx.store.rollout_trajectories(rollout_id)
+        built = await rollout_trajectories(ctx.store, rollout_id)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
-    bridging = await ctx.store.bridging(rollout_id=rollout_id)
-    parsing = await ctx.store.tool_parsing(rollout_id=rollout_id)
+    bridging = await outcomes.bridging(ctx.store, rollout_id=rollout_id)
+    parsing = await outcomes.tool_parsing(ctx.store, rollout_id=rollout_id)
 
     def serialize() -> bytes:
         # rollout_dict turns every token array into a list: as much CPU as the dump itself.
@@ -238,7 +241,7 @@ async def get_replay(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     rollout_id = request.match_info["rollout_id"]
     try:
-        report = await ctx.store.replay_report(rollout_id)
+        report = await replay_report(ctx.store, rollout_id)
     except NotFound:
         raise NotFoundError(f"no rollout {rollout_id!r}") from None
     if report is None:

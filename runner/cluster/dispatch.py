@@ -25,6 +25,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ...analysis.reading import analyze_rollout
 from ...store import RolloutView, Store
 from ...store.events import AttemptLost
 from ...store.lifecycle import status_of
@@ -160,7 +161,7 @@ async def _lost(store: Store, planned: Planned, why: str) -> RolloutResult:
     lost = AttemptLost(error, {INFRA: True})
     view = await store.report(planned.rollout_id, lost)
     if view.n_calls:
-        await store.analyze_rollout(view.id)
+        await analyze_rollout(store, view.id)
     return RolloutResult(
         view.id,
         planned.task.id,

@@ -22,6 +22,7 @@ from typing import Any
 
 from rolltap import wire
 
+from ...analysis.reading import build_trajectories
 from ...analysis.steps import version_range
 from ...analysis.trajectory import RolloutTrajectories, Trajectory
 from ...proxy.staleness import StalePolicy, stale_mark
@@ -152,7 +153,7 @@ async def group_message(
     if built is None:
         views = await store.rollouts(ids=list(record.rollout_ids))
         by_id = {v.id: v for v in views}
-        built = await store.build_trajectories([by_id[i] for i in record.rollout_ids])
+        built = await build_trajectories(store, [by_id[i] for i in record.rollout_ids])
     return pack_group(batch_id, spec, record, built, encoding)
 
 

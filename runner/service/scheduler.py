@@ -23,6 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from ...analysis.reading import analyze_rollout, build_trajectories
 from ...proxy.staleness import BOUND, StaleBound, StalePolicy, ended_stale
 from ...store import RolloutStatus, Store
 from ...store.events import Cancelled
@@ -188,7 +189,7 @@ class Scheduler:
         batch = self._batch
         ids = [group.rollout_ids[i] for i in sorted(group.rollout_ids)]
         views = {v.id: v for v in await self._store.rollouts(ids=ids)}
-        built = await self._store.build_trajectories([views[i] for i in ids])
+        built = await build_trajectories(self._store, [views[i] for i in ids])
         clock = await self._clock.read()
         record = judge(len(batch.groups) + 1, group.task.id, built, batch.spec, clock)
         batch.groups.append(record)
@@ -214,7 +215,7 @@ class Scheduler:
                     continue
                 await self._store.report(rollout_id, Cancelled(why))
                 if view.n_calls:
-                    await self._store.analyze_rollout(rollout_id)
+                    await analyze_rollout(self._store, rollout_id)
                 self._store.forget(rollout_id)
                 self._batch.cancelled_rollouts += 1
         self._groups.clear()

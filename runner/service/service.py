@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from ...analysis import outcomes
 from ...store import Store, StoreError
 from ...store.ids import new_id
 from ...store.models import MetricsSource
@@ -163,9 +164,9 @@ class Service:
         k = batch.spec.samples_per_task
         tasks = [t for t in summary.tasks if t.samples == k]
         data["rollouts"] = {"total": len(views), "by_status": statuses}
-        bridging = await self.store.bridging(batch_id=batch.id)
+        bridging = await outcomes.bridging(self.store, batch_id=batch.id)
         data["bridging"] = None if bridging is None else bridging.as_dict()
-        parsing = await self.store.tool_parsing(batch_id=batch.id)
+        parsing = await outcomes.tool_parsing(self.store, batch_id=batch.id)
         data["tool_parsing"] = None if parsing is None else parsing.as_dict()
         data["reward"] = {"mean": summary.mean_reward}
         data["pass_at_k"] = {

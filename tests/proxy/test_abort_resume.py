@@ -11,7 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.analysis.steps import TurnKind
+from rolltap.audit.integrity import verify_rollout
 from rolltap.store import CallDialect, CallStatus, Store
 from tests.support.fake_vllm import FakeVLLM, Reply, encode
 from tests.support.proxy import OpenAIFactory, fake_engine, running_proxy
@@ -56,7 +58,7 @@ async def _two_calls(store: Store, rollout_id: str) -> tuple[Any, Any]:
     assert second.resumes == first.id
     assert first.resumes is None
     # The resume link is part of the hash chain: the stored record verifies with it.
-    assert (await store.verify_rollout(rollout_id)).issues == ()
+    assert (await verify_rollout(store, rollout_id)).issues == ()
     tokens = {c.id: await store.call_tokens(c.id) for c in (first, second)}
     one, two = tokens[first.id], tokens[second.id]
     partial = list(one.choices[0].token_ids)
@@ -112,7 +114,7 @@ async def test_an_answer_aborted_by_an_update_is_resumed_as_one_answer(
     assert usage.prompt_tokens == first.prompt_tokens
     assert second.dialect is CallDialect.CHAT
     assert "continues" in (second.error or "")
-    (trajectory,) = (await store.rollout_trajectories(created.id)).trajectories
+    (trajectory,) = (await rollout_trajectories(store, created.id)).trajectories
     assert list(trajectory.call_ids) == [first.id, second.id]
     assert [(t.kind, t.weight_version) for t in trajectory.turns] == [
         (TurnKind.ANSWER, "1"),

@@ -6,6 +6,7 @@ import aiohttp
 import openai
 import pytest
 
+from rolltap.audit.integrity import verify_rollout
 from rolltap.store import CallStatus, Store
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
 
@@ -28,7 +29,7 @@ async def test_refused_and_rejected_calls_are_chained_and_listed(
             with pytest.raises(openai.PermissionDeniedError):
                 await client.chat.completions.create(model="m", messages=MESSAGES)
 
-        result = await store.verify_rollout(rollout_id)
+        result = await verify_rollout(store, rollout_id)
         calls = await store.calls(rollout_id)
 
     assert result.ok, result.issues

@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.store import CallStatus, Capture, NotFound, Store
 from tests.support.fake_vllm import (
     BadIds,
@@ -149,7 +150,7 @@ async def test_proxy_killed_under_64_streaming_clients(
         for key_index in range(0, 64, 16):
             rollout = await store.rollout_by_key(keys[key_index])
             assert rollout is not None
-            await store.rollout_trajectories(rollout.id)  # every record reads back whole
+            await rollout_trajectories(store, rollout.id)  # every record reads back whole
         print(
             f"proxy SIGKILL: {len(outcomes)} calls, {complete} complete, {broken} cut, "
             f"{len(unrecorded)} of {len(seen)} engine calls died with the proxy unrecorded"

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from rolltap.analysis import outcomes as outcome_counts
 from rolltap.engine.launch import EngineProcess
 from rolltap.runner.harnesses import Ending, Harness, HarnessExit, Launch, Outcome, RunContext
 from rolltap.runner.harnesses.claude_code import ClaudeCode
@@ -230,7 +231,7 @@ async def test_codex_on_smollm2_token_in(
     outcomes = [c.bridge for c in run.calls]
     assert outcomes[0] == "first_turn"
     assert set(outcomes) <= {"first_turn", "bridged"}, outcomes
-    bridging = await store.bridging(rollout_id=run.calls[0].rollout_id)
+    bridging = await outcome_counts.bridging(store, rollout_id=run.calls[0].rollout_id)
     assert bridging is not None
     assert bridging.as_dict()["calls"] == len(run.calls)
 

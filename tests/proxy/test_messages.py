@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.analysis.turns import ConversationTurn, request_turns, response_turns
 from rolltap.proxy.dialects.blocks import Tool
 from rolltap.proxy.dialects.dialect import Answer, AnswerEnd
@@ -595,7 +596,7 @@ async def test_multi_turn_rollout_is_one_trajectory(store: Store, claude: Anthro
             history.append({"role": "assistant", "content": [as_sent(b) for b in message.content]})
             history.append({"role": "user", "content": f"turn {turn}"})
 
-        built = await store.rollout_trajectories(rollout_id)
+        built = await rollout_trajectories(store, rollout_id)
         (trajectory,) = built.trajectories
         assert built.faithfulness.share == 1.0
         calls = await store.calls(rollout_id)

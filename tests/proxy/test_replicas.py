@@ -14,6 +14,7 @@ import aiohttp
 import asyncpg
 import pytest
 
+from rolltap.audit.integrity import verify_rollout
 from rolltap.proxy.server import RunningProxy
 from rolltap.proxy.upstream.engines import EngineKind
 from rolltap.store import Store
@@ -99,7 +100,7 @@ async def test_a_rollout_on_both_replicas_keeps_one_backend_and_one_sequence(
         backends = {c.backend for c in calls}
         assert len(backends) == 1, f"{created.id}: calls went to {backends}"
         used |= {b for b in backends if b}
-        assert (await replicas.store.verify_rollout(created.id)).ok
+        assert (await verify_rollout(replicas.store, created.id)).ok
     # Both engines served rollouts: the agreement is the ring's, not one backend taking all.
     assert used == {e.url for e in replicas.engines}
 

@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.analysis.turns import ConversationTurn, request_turns, response_turns
 from rolltap.store import CallDialect, CallStatus, Capture, Store
 from tests.support.fake_vllm import (
@@ -519,7 +520,7 @@ async def test_multi_turn_rollout_is_one_trajectory(store: Store, sdk: OpenAIFac
             history += [item.model_dump(exclude_none=True) for item in response.output]
             history.append({"role": "user", "content": f"turn {turn}"})
 
-        built = await store.rollout_trajectories(rollout_id)
+        built = await rollout_trajectories(store, rollout_id)
         (trajectory,) = built.trajectories
         assert built.faithfulness.share == 1.0
         calls = await store.calls(rollout_id)

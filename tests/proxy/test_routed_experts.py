@@ -15,6 +15,7 @@ import numpy.typing as npt
 import orjson
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.store import CallStatus, Capture, Store
 from rolltap.store.events import Declared
 from tests.support.cli import rolltap
@@ -293,7 +294,7 @@ async def test_token_in_rollout_trajectory_parquet_and_atif_carry_aligned_routin
     assert ("/generate" if sglang else "/v1/completions") in paths
     routing = await store.routed_experts(rollout_id)
     assert set(routing) == {(c.id, 0) for c in calls}  # every turn, bridged ones included
-    (t,) = (await store.rollout_trajectories(rollout_id)).trajectories
+    (t,) = (await rollout_trajectories(store, rollout_id)).trajectories
     ids = [*t.prompt_ids.tolist(), *t.response_ids.tolist()]
     assert t.call_ids == tuple(c.id for c in calls)
     assert t.routed_experts is not None
@@ -306,7 +307,7 @@ async def test_token_in_rollout_trajectory_parquet_and_atif_carry_aligned_routin
 
     path = tmp_path / "r3.parquet"
     writer = open_writer("parquet", path)
-    write_all([await store.rollout_trajectories(rollout_id)], writer)
+    write_all([await rollout_trajectories(store, rollout_id)], writer)
     writer.close()
     import pyarrow.parquet as pq
 

@@ -15,7 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.analysis.steps import TurnKind
+from rolltap.audit.integrity import verify_rollout
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import CallStatus, Store
 from tests.support.fake_vllm import FakeVLLM, Reply, decode, encode, generated
@@ -134,7 +136,7 @@ async def test_a_token_in_tool_call_cut_by_an_update_reaches_the_client_whole(
     assert (rest.weight_version, rest.finish_reason, rest.resumes) == ("2", "tool_calls", part.id)
     assert rest.status is CallStatus.OK
     assert part.status is CallStatus.OK
-    assert (await store.verify_rollout(rollout_id)).issues == ()
+    assert (await verify_rollout(store, rollout_id)).issues == ()
     one, two, three = [await store.call_tokens(c.id) for c in (part, rest, after)]
     partial = list(one.choices[0].token_ids)
     # Cut inside the tool call: its opening sampled before the abort, its end after.
@@ -148,7 +150,7 @@ async def test_a_token_in_tool_call_cut_by_an_update_reaches_the_client_whole(
         *one.prompt_ids,
         *whole,
     ]
-    (trajectory,) = (await store.rollout_trajectories(rollout_id)).trajectories
+    (trajectory,) = (await rollout_trajectories(store, rollout_id)).trajectories
     answers = [(t.kind, t.weight_version) for t in trajectory.turns if t.kind is TurnKind.ANSWER]
     assert answers == [
         (TurnKind.ANSWER, "1"),

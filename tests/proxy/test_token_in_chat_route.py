@@ -13,6 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rolltap.analysis import outcomes as outcome_counts
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
 from tests.support.fake_vllm import IM_END, FakeVLLM, Reply, encode, generated, render
@@ -113,7 +115,7 @@ async def test_bridged_ids_go_with_the_chat_request(
     assert "kv_transfer_params" not in chats[0]
     first_answer = [*encode(generated(_script(chats[0]), "")), IM_END]
     assert tokens[0].choices[0].token_ids.tolist() == first_answer
-    status = (await store.rollout_trajectories(rollout_id)).trajectories
+    status = (await rollout_trajectories(store, rollout_id)).trajectories
     assert len(status) == 1  # one segment: the conversation never broke
 
 
@@ -132,7 +134,7 @@ async def test_an_engine_that_ignores_the_ids_is_recorded_as_a_break(
 
     calls = sorted(await store.calls(rollout_id), key=lambda c: c.seq)
     assert [c.bridge for c in calls] == ["first_turn", "engine_rendered", "engine_rendered"]
-    shown = await store.bridging(rollout_id=rollout_id)
+    shown = await outcome_counts.bridging(store, rollout_id=rollout_id)
     assert shown is not None
     assert shown.bridge_break_rate == 1.0
     assert 'rolltap_token_in_calls_total{outcome="engine_rendered"} 2.0' in metrics

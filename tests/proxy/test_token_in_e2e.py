@@ -23,6 +23,7 @@ import openai
 import pytest
 import pytest_asyncio
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.engine.launch import EngineProcess
 from rolltap.proxy.server import RunningProxy
 from rolltap.proxy.tokenin.options import TokenInOptions
@@ -254,7 +255,7 @@ CONVERSATIONS = {
 
 
 async def segments(r: Rollout) -> list[tuple[str, ...]]:
-    built = await r.store.rollout_trajectories(r.id)
+    built = await rollout_trajectories(r.store, r.id)
     return [t.call_ids for t in built.trajectories]
 
 
@@ -280,7 +281,7 @@ async def test_token_in_keeps_one_segment_of_the_engines_ids(
     assert seen[2][1], seen
     calls = await store.calls(r.id)
     assert [c.bridge for c in calls] == ["first_turn", "bridged", "bridged"]
-    (one,) = (await r.store.rollout_trajectories(r.id)).trajectories
+    (one,) = (await rollout_trajectories(r.store, r.id)).trajectories
     assert one.call_ids == tuple(c.id for c in calls)
     last = await store.call_tokens(calls[-1].id)
     engine_ids = np.concatenate([last.prompt_ids, last.choices[0].token_ids])
@@ -338,7 +339,7 @@ async def test_the_chat_route_keeps_one_segment_parsed_by_the_engine(
     assert seen[2][1], seen
     calls = await store.calls(r.id)
     assert [c.bridge for c in calls] == ["first_turn", "bridged", "bridged"]
-    (one,) = (await r.store.rollout_trajectories(r.id)).trajectories
+    (one,) = (await rollout_trajectories(r.store, r.id)).trajectories
     assert one.call_ids == tuple(c.id for c in calls)
     for before, after in itertools.pairwise(calls):
         b, a = await store.call_tokens(before.id), await store.call_tokens(after.id)

@@ -14,6 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from tests.support.databases import PostgresServer
 from tests.support.proxy import fake_engine, new_rollout, running_proxy
 from tests.support.stores import opened_store
@@ -58,5 +59,5 @@ async def test_a_conversation_bridges_across_proxy_processes(shared: str) -> Non
             b, a = await store.call_tokens(before.id), await store.call_tokens(after.id)
             held = np.concatenate([b.prompt_ids, b.choices[0].token_ids])
             assert np.array_equal(a.prompt_ids[: len(held)], held)
-        (one,) = (await store.rollout_trajectories(rollout_id)).trajectories
+        (one,) = (await rollout_trajectories(store, rollout_id)).trajectories
         assert one.call_ids == tuple(c.id for c in calls)

@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from rolltap.analysis.bridging import Bridging
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.engine.launch import EngineProcess
 from rolltap.proxy.tokenin.options import TokenInOptions
 from rolltap.store import Store
@@ -136,7 +137,7 @@ async def one_chain(store: Store, rollout_id: str, end_of_turn: list[int]) -> li
     for call in calls[1:]:
         assert call.error is not None
         assert f"end of turn {end_of_turn} added by rolltap" in call.error
-    (one,) = (await store.rollout_trajectories(rollout_id)).trajectories
+    (one,) = (await rollout_trajectories(store, rollout_id)).trajectories
     assert one.call_ids == tuple(c.id for c in calls)
     tokens = [await store.call_tokens(c.id) for c in calls]
     last = tokens[-1]
@@ -224,7 +225,7 @@ async def test_normal_mode_still_renders_a_cut_chat(store: Store, sdk: OpenAIFac
     assert [c.bridge for c in calls] == [None] * 4
     assert [c.error for c in calls] == [None] * 4
     assert [p for p, _, _ in engine.requests] == ["/v1/chat/completions"] * 4
-    (one,) = (await store.rollout_trajectories(rollout_id)).trajectories
+    (one,) = (await rollout_trajectories(store, rollout_id)).trajectories
     assert one.link is None
 
 
@@ -314,7 +315,7 @@ async def test_a_streamed_call_cut_in_its_block_is_bridged(
     held = [*cut_call.prompt_ids.tolist(), *cut_call.choices[0].token_ids.tolist()]
     assert cut_call.choices[0].token_ids.tolist()[-3:] == encode('"ls')
     assert after.prompt_ids.tolist() == [*held, IM_END, *bridge_to("tool", result)]
-    (one,) = (await store.rollout_trajectories(rollout_id)).trajectories
+    (one,) = (await rollout_trajectories(store, rollout_id)).trajectories
     assert one.call_ids == tuple(c.id for c in rows)
     assert one.loss_mask[len(held) - len(one.prompt_ids)] == 0  # the added <|im_end|>
 

@@ -14,7 +14,9 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
+from rolltap.analysis import outcomes as outcome_counts
 from rolltap.analysis.toolparse import ToolParsing
+from rolltap.audit.integrity import verify_rollout
 from rolltap.chatformat.parse import AnswerParser, parse_whole
 from rolltap.chatformat.tools import ToolCallStream
 from rolltap.cli.main import cli
@@ -148,7 +150,7 @@ async def test_token_in_records_each_answers_outcome_and_shows_the_rate(
     assert outcomes[1].startswith("malformed: call 1: not JSON")
     assert outcomes[2:] == ["ok", "none"]
     assert calls[1].as_dict()["tool_parse"] == outcomes[1]
-    parsing = await store.tool_parsing(rollout_id=rollout_id)
+    parsing = await outcome_counts.tool_parsing(store, rollout_id=rollout_id)
     assert parsing is not None
     assert parsing.malformed_call_rate == 0.5
     assert document["tool_parsing"]["malformed_call_rate"] == 0.5
@@ -156,7 +158,7 @@ async def test_token_in_records_each_answers_outcome_and_shows_the_rate(
     assert 'rolltap_tool_parse_total{outcome="malformed"} 1.0' in metrics
     assert 'rolltap_tool_parse_total{outcome="ok"} 1.0' in metrics
     assert "rolltap_malformed_call_rate 0.5" in metrics
-    assert (await store.verify_rollout(rollout_id)).ok  # the outcome is in the chain's digest
+    assert (await verify_rollout(store, rollout_id)).ok  # the outcome is in the chain's digest
 
 
 def test_rolltap_show_prints_the_rate_and_why(tmp_path: Path) -> None:

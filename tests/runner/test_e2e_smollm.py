@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rolltap.analysis import outcomes as outcome_counts
 from rolltap.engine.launch import EngineProcess
 from rolltap.store import Capture, RolloutStatus, Store
 from tests.support.mini_swe_agent import hello_file_rollout
@@ -83,7 +84,9 @@ async def test_mini_swe_agent_token_in(
     # last answer it kept. A small model rarely gets further. No later call looks new.
     assert set(outcomes) <= {"first_turn", "answer_dropped", "bridged"}, outcomes
     assert "first_turn" not in outcomes[1:], outcomes
-    bridging = await store.bridging(batch_id=(await store.rollout(r.rollout_id)).batch_id)
+    bridging = await outcome_counts.bridging(
+        store, batch_id=(await store.rollout(r.rollout_id)).batch_id
+    )
     assert bridging is not None
     assert bridging.outcomes == {o: outcomes.count(o) for o in set(outcomes)}
     reported = bridging.as_dict()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rolltap.analysis import outcomes as outcome_counts
 from rolltap.runner import run_batch
 from rolltap.runner.harnesses import NotInstalled, adapter, installation
 from rolltap.runner.rollout import RolloutResult
@@ -141,7 +142,7 @@ async def test_real_harness_rollout_in_token_in_mode(
     calls = await store.calls(r.rollout_id)
     outcomes = [c.bridge for c in calls]
     assert "bridged" in outcomes, outcomes
-    bridging = await store.bridging(batch_id=batch_id)
+    bridging = await outcome_counts.bridging(store, batch_id=batch_id)
     assert bridging is not None
     assert bridging.bridge_break_rate == 0.0, bridging.outcomes
     agent = [c for c in calls if c.bridge == "bridged" or c.finish_reason == "tool_calls"]

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from rolltap import __version__
+from rolltap.audit.integrity import verify_rollout
 from rolltap.cli.main import cli
 from rolltap.runner import run_batch
 from rolltap.runner.harnesses import adapter
@@ -45,7 +46,7 @@ async def test_every_example_task_passes_its_oracle(
     for r in result.results:
         view = await store.rollout(r.rollout_id)
         assert view.n_calls == 0
-        assert (await store.verify_rollout(r.rollout_id)).head_seq == 0
+        assert (await verify_rollout(store, r.rollout_id)).head_seq == 0
 
 
 async def test_a_broken_task_is_caught_by_its_oracle(store: Store, tmp_path: Path) -> None:

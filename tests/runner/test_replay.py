@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from rolltap.audit.replay import REPLAY_OF, REPLAYS, Mode, Outcome, Served
+from rolltap.audit.integrity import verify_rollout
+from rolltap.audit.replay import REPLAY_OF, REPLAYS, Mode, Outcome, Served, replay_report
 from rolltap.engine.launch import EngineProcess
 from rolltap.runner import run_batch
 from rolltap.runner.harnesses import Harness, Installation, NotInstalled, adapter, installation
@@ -157,8 +158,8 @@ async def test_mini_swe_agent_on_smollm_replays_every_call(
     assert replay_view.meta[REPLAY_OF] == original
     assert (await store.rollout(original)).meta[REPLAYS] == [replay_view.id]
     assert replay_view.n_calls == recorded.n_calls
-    assert (await store.verify_rollout(replay_view.id)).ok
-    assert await store.replay_report(original) == replayed.report
+    assert (await verify_rollout(store, replay_view.id)).ok
+    assert await replay_report(store, original) == replayed.report
 
 
 # -- a task whose tool output is random ---------------------------------------------------------

@@ -14,6 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from rolltap.analysis.reading import trajectories
 from rolltap.client import Batch, Dropped, Group, ServiceError
 from rolltap.proxy.upstream.sampling import derived_seed
 from rolltap.store import RolloutStatus, Store
@@ -78,7 +79,7 @@ async def test_a_batch_through_the_api_delivers_every_group_with_its_trajectorie
         assert set(group.rewards) == {0.0, 1.0}
         assert group.informative
         for sample in group.samples:
-            (stored,) = [t async for t in store.trajectories(rollouts=sample.rollout_id)]
+            (stored,) = [t async for t in trajectories(store, rollouts=sample.rollout_id)]
             (sent,) = sample.trajectories
             assert sample.status == "finished"
             assert sample.verdict == ("passed" if sample.reward == 1.0 else "failed")

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.proxy.upstream.routed import DENSE
 from rolltap.runner.service import ServiceLimits, SpecError, parse_spec
 from rolltap.store import Store
@@ -54,7 +55,7 @@ async def test_a_batch_captures_routing_into_its_groups_and_slime_samples(
         assert np.array_equal(t.routed_experts, expected.reshape(len(ids) - 1, -1))
         assert sample["tokens"] == ids
         assert np.array_equal(sample["rollout_routed_experts"], t.routed_experts)
-        stored = (await store.rollout_trajectories(t.rollout_id)).trajectories[0]
+        stored = (await rollout_trajectories(store, t.rollout_id)).trajectories[0]
         assert stored.routed_experts is not None
         assert stored.routed_experts.tobytes() == t.routed_experts.tobytes()
 

@@ -6,6 +6,7 @@ import zlib
 
 import pytest
 
+from rolltap.audit.integrity import verify_rollout
 from rolltap.store import NewRollout, Store, compress
 from tests.support.records import call
 from tests.support.tamper import fetch, tamper
@@ -41,7 +42,7 @@ async def test_bodies_stored_as_zlib_before_still_read_and_verify(
     )
 
     bodies = await store.call_bodies(call_id)
-    result = await store.verify_rollout(rollout.id)
+    result = await verify_rollout(store, rollout.id)
 
     assert (bodies.request, bodies.response) == (request, response)
     assert result.ok, result.issues

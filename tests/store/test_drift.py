@@ -11,6 +11,7 @@ from aiohttp import web
 
 from rolltap.analysis.detokenizer import EngineDetokenizer, HFDetokenizer
 from rolltap.analysis.drift import Detokenizer
+from rolltap.analysis.reading import analyze_rollout, rollout_trajectories
 from rolltap.analysis.trajectory import RolloutTrajectories
 from rolltap.analysis.turns import ConversationTurn, ToolCall, request_turns, response_turns
 from rolltap.store import NewRollout, Store
@@ -92,8 +93,8 @@ def _break(built: RolloutTrajectories) -> tuple[DriftClass, str]:
 async def _classes(
     store: Store, rec: Recorder, detokenizer: Detokenizer
 ) -> tuple[tuple[DriftClass, str], tuple[DriftClass, str]]:
-    without = await store.rollout_trajectories(rec.rollout_id)
-    with_text = await store.rollout_trajectories(rec.rollout_id, detokenizer=detokenizer)
+    without = await rollout_trajectories(store, rec.rollout_id)
+    with_text = await rollout_trajectories(store, rec.rollout_id, detokenizer=detokenizer)
     return _break(without), _break(with_text)
 
 
@@ -122,7 +123,7 @@ async def test_stripped_reasoning_before_an_answer_opening_with_newlines(
 
     tokens, text_ = await _classes(store, rec, hf_detokenizer)
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
     link = built.trajectories[1].link
     assert link is not None
     assert link.position == len(built.trajectories[0].prompt_ids) - 1
@@ -150,7 +151,7 @@ async def test_harness_strips_reasoning(store: Store, smollm2: Renderer) -> None
     sent_back = {"content": "It is sunny in Paris."}
     rec = await _broken_rollout(store, smollm2, smollm2.ids(text + "<|im_end|>"), answer, sent_back)
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert _break(built) == (DriftClass.REASONING_STRIPPED, "messages")
 
@@ -203,7 +204,7 @@ async def test_harness_reserializes_tool_arguments(store: Store, qwen3_style: Re
         decode_arguments=False,
     )
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert _break(built) == (DriftClass.TOOL_ARGS, "messages")
 
@@ -219,7 +220,7 @@ async def test_compaction_drops_history(store: Store, smollm2: Renderer) -> None
         store, smollm2, sampled, {"content": "It is sunny in Paris."}, history=compacted
     )
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert _break(built) == (DriftClass.HISTORY_EDITED, "messages")
     assert built.faithfulness.breaks == {"history_edited": 1}
@@ -241,7 +242,7 @@ async def test_a_rejected_answer_asked_again_is_answer_dropped(
         store, smollm2, sampled, {"content": "I think the weather is nice."}, history=asked_again
     )
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert _break(built) == (DriftClass.ANSWER_DROPPED, "messages")
     assert built.faithfulness.breaks == {"answer_dropped": 1}
@@ -251,7 +252,7 @@ async def test_a_rejected_answer_asked_again_is_answer_dropped(
     assert link.drift.message_index == 2
     assert "left out and asked again" in link.drift.note
     # Stored too: the analysis a finished rollout gets writes the break with its class.
-    stored = await store.analyze_rollout(rec.rollout_id)
+    stored = await analyze_rollout(store, rec.rollout_id)
     assert stored.faithfulness.breaks == {"answer_dropped": 1}
 
 
@@ -267,7 +268,7 @@ async def test_reminder_injection_edits_history(store: Store, smollm2: Renderer)
     ]
     rec = await _broken_rollout(store, smollm2, sampled, answer, history=injected)
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert _break(built) == (DriftClass.HISTORY_EDITED, "messages")
     link = built.trajectories[1].link
@@ -337,8 +338,8 @@ async def test_engine_detokenize_endpoint(
 
     good = EngineDetokenizer(str(server.make_url("/")), model="smollm2")
     bad = EngineDetokenizer(str(server.make_url("/broken")))
-    with_engine = await store.rollout_trajectories(rec.rollout_id, detokenizer=good)
-    fallback = await store.rollout_trajectories(rec.rollout_id, detokenizer=bad)
+    with_engine = await rollout_trajectories(store, rec.rollout_id, detokenizer=good)
+    fallback = await rollout_trajectories(store, rec.rollout_id, detokenizer=bad)
 
     assert _break(with_engine) == (DriftClass.RETOKENIZATION, "text")
     assert _break(fallback) == (DriftClass.RETOKENIZATION, "tokens")

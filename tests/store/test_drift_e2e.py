@@ -31,8 +31,10 @@ from click.testing import CliRunner
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 
 import rolltap.store
+from rolltap.analysis import reader as blocking
 from rolltap.analysis.detokenizer import EngineDetokenizer, HFDetokenizer
 from rolltap.analysis.drift import Drift
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.analysis.segments import SegmentRole
 from rolltap.analysis.trajectory import RolloutTrajectories, SegmentLink, Trajectory
 from rolltap.cli.export import export
@@ -178,7 +180,7 @@ class Rollout:
         return [c.id for c in await self.store.calls(self.id)]
 
     async def trajectories(self, detokenizer: Any = None) -> RolloutTrajectories:
-        built = await self.store.rollout_trajectories(self.id, detokenizer=detokenizer)
+        built = await rollout_trajectories(self.store, self.id, detokenizer=detokenizer)
         await assert_token_exact(self.store, built)
         return built
 
@@ -261,7 +263,7 @@ async def first_difference(store: Store, parent_call: str, child_call: str) -> i
 
 async def assert_reward_everywhere(rollout: Rollout, reward: float) -> RolloutTrajectories:
     await rollout.store.report(rollout.id, Declared(RolloutStatus.SUCCEEDED), reward=reward)
-    built = await rollout.store.rollout_trajectories(rollout.id)
+    built = await rollout_trajectories(rollout.store, rollout.id)
     assert built.trajectories
     assert all(t.reward == reward for t in built.trajectories)
     assert all(t.status is RolloutStatus.SUCCEEDED for t in built.trajectories)
@@ -280,7 +282,7 @@ def the_break(built: RolloutTrajectories) -> tuple[SegmentLink, Drift]:
 def read_back(db_url: str, rollout_id: str) -> list[Trajectory]:
     """The rollout's trajectories through the blocking reader a trainer uses."""
     with rolltap.store.open(db_url) as reader:
-        return list(reader.trajectories(rollouts=rollout_id))
+        return list(blocking.trajectories(reader, rollouts=rollout_id))
 
 
 # --- 1. a clean chain ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import rolltap.store
+from rolltap.analysis import reader as blocking
 from rolltap.cli.export import export
 from rolltap.export.export import rollout_dict, rollout_trajectory_json
 from rolltap.store import NewRollout, StoreReader
@@ -68,7 +69,7 @@ def test_parquet_export_round_trips(reader: StoreReader, db_url: str, tmp_path: 
     assert table.schema.field("response_ids").type == pa.list_(pa.int32())
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
     assert table.schema.field("logprobs").type == pa.list_(pa.float32())
-    expected = list(reader.trajectories(batch="b1"))
+    expected = list(blocking.trajectories(reader, batch="b1"))
     assert table.num_rows == len(expected) == 5  # broken: 2 + a sibling; clean: 1 + a sibling
     rows = table.to_pylist()
     for row, t in zip(rows, expected, strict=True):
@@ -96,7 +97,7 @@ def test_jsonl_export_round_trips(reader: StoreReader, db_url: str, tmp_path: Pa
 
     assert result.exit_code == 0, result.output
     rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
-    expected = list(reader.trajectories())
+    expected = list(blocking.trajectories(reader))
     assert len(rows) == len(expected) == 3
     for row, t in zip(rows, expected, strict=True):
         assert row["response_ids"] == t.response_ids.tolist()
@@ -107,7 +108,7 @@ def test_jsonl_export_round_trips(reader: StoreReader, db_url: str, tmp_path: Pa
 def test_rollout_json_for_the_api(reader: StoreReader) -> None:
     rid = _rollout(reader, "b1", broken=True, reward=1.0)
 
-    body = rollout_dict(reader.rollout_trajectories(rid))
+    body = rollout_dict(blocking.rollout_trajectories(reader, rid))
     assert reader.run(rollout_trajectory_json(reader.store, rid)) == body
 
     decoded = json.loads(json.dumps(body, allow_nan=False))

@@ -11,8 +11,10 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from rolltap.analysis.choice import load_detectors
-from rolltap.analysis.hacks import HackFlag, detect
-from rolltap.audit.integrity import IssueKind
+from rolltap.analysis.hack_check import check_hacks
+from rolltap.analysis.hacks import HackFlag, detect, hack_record
+from rolltap.analysis.reading import trajectories
+from rolltap.audit.integrity import IssueKind, verify_rollout
 from rolltap.export.atif import rollout_atif
 from rolltap.export.export import open_writer
 from rolltap.store import CallDialect, CallStatus, NewRollout, Store
@@ -90,7 +92,7 @@ async def test_each_dialect_is_read_and_the_call_and_command_named(store: Store)
     for dialect in BODIES:
         rollout_id, ids = await _rollout(store, dialect, commands, outputs)
 
-        flags = await store.check_hacks(rollout_id, load_detectors(["git_history"]))
+        flags = await check_hacks(store, rollout_id, load_detectors(["git_history"]))
 
         assert [(f.call_id, f.command, f.source) for f in flags] == [
             (ids[1], "git log --all --oneline", "tool_call"),
@@ -105,9 +107,9 @@ async def test_flags_are_stored_and_sealed_into_the_head(store: Store, db_url: s
     rollout_id, ids = await _rollout(store, CallDialect.CHAT, ["git reflog"], [])
     before = (await store.rollout(rollout_id)).head_hash
 
-    flags = await store.check_hacks(rollout_id, save=True)
+    flags = await check_hacks(store, rollout_id, save=True)
     view = await store.rollout(rollout_id)
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert [f.detector for f in flags] == ["git_history"]
     assert view.hack_flags == [f.as_dict() for f in flags]
@@ -118,7 +120,7 @@ async def test_flags_are_stored_and_sealed_into_the_head(store: Store, db_url: s
 
     # Someone with the database's password removes the flag: the head gives it away.
     await tamper(db_url, "UPDATE rollout SET hack_flags = NULL WHERE id = :r", r=rollout_id)
-    removed = await store.verify_rollout(rollout_id)
+    removed = await verify_rollout(store, rollout_id)
     assert [i.kind for i in removed.issues] == [IssueKind.HEAD]
 
 
@@ -127,8 +129,8 @@ async def test_an_edited_flag_is_caught_and_a_clean_rollout_keeps_its_old_head(
 ) -> None:
     flagged, _ = await _rollout(store, CallDialect.MESSAGES, ["cat /logs/verifier/reward.txt"], [])
     clean, _ = await _rollout(store, CallDialect.CHAT, ["python3 -m pytest -q"], [])
-    await store.check_hacks(flagged, save=True)
-    assert await store.check_hacks(clean, save=True) == []
+    await check_hacks(store, flagged, save=True)
+    assert await check_hacks(store, clean, save=True) == []
 
     stored = await fetch(
         db_url, "SELECT CAST(hack_flags AS TEXT) FROM rollout WHERE id = :r", r=flagged
@@ -136,10 +138,10 @@ async def test_an_edited_flag_is_caught_and_a_clean_rollout_keeps_its_old_head(
     edited = json.dumps([{**f, "reason": "nothing here"} for f in json.loads(stored)])
     await tamper(db_url, "UPDATE rollout SET hack_flags = :f WHERE id = :r", f=edited, r=flagged)
 
-    assert [i.kind for i in (await store.verify_rollout(flagged)).issues] == [IssueKind.HEAD]
+    assert [i.kind for i in (await verify_rollout(store, flagged)).issues] == [IssueKind.HEAD]
     view = await store.rollout(clean)
     assert (view.hack_flags, view.head_hash) == ([], (await store.calls(clean))[-1].hash)
-    assert (await store.verify_rollout(clean)).ok
+    assert (await verify_rollout(store, clean)).ok
 
 
 async def test_flags_given_with_the_end_are_sealed_with_it_even_without_calls(
@@ -156,7 +158,7 @@ async def test_flags_given_with_the_end_are_sealed_with_it_even_without_calls(
 
     assert view.head_seq == 0
     assert view.head_hash == sealed_head(GENESIS_HEX, [flag.as_dict()]) != GENESIS_HEX
-    assert (await store.verify_rollout(rollout.id)).ok
+    assert (await verify_rollout(store, rollout.id)).ok
     assert seen == [(rollout.id, [flag])]
 
 
@@ -164,7 +166,7 @@ async def test_flags_of_a_running_rollout_are_sealed_when_it_ends(store: Store) 
     rollout_id, _ = await _rollout(
         store, CallDialect.CHAT, ["git fsck --lost-found"], [], end=False
     )
-    await store.check_hacks(rollout_id, save=True)
+    await check_hacks(store, rollout_id, save=True)
     assert (await store.rollout(rollout_id)).head_hash is None
 
     await store.report(rollout_id, Declared("finished"), reward=0.0)
@@ -175,7 +177,7 @@ async def test_flags_of_a_running_rollout_are_sealed_when_it_ends(store: Store) 
     assert view.head_hash == sealed_head(
         (await store.calls(rollout_id))[-1].hash or "", view.hack_flags
     )
-    assert (await store.verify_rollout(rollout_id)).ok
+    assert (await verify_rollout(store, rollout_id)).ok
 
 
 async def test_a_refused_call_is_read_too(store: Store) -> None:
@@ -186,7 +188,7 @@ async def test_a_refused_call_is_read_too(store: Store) -> None:
     refused = call(rollout.id, [], status=CallStatus.REJECTED, http_status=403, request_body=body)
     receipt = await store.append_call(refused)
 
-    flags = detect(await store.hack_record(rollout.id), load_detectors())
+    flags = detect(await hack_record(store, rollout.id), load_detectors())
 
     assert [(f.detector, f.call_id, f.seq) for f in flags] == [("proxy_admin", receipt.call_id, 1)]
 
@@ -195,11 +197,11 @@ async def test_trajectories_parquet_and_atif_carry_the_flags(store: Store, tmp_p
     flagged, ids = await _rollout(store, CallDialect.CHAT, ["ls", "git log --all"], ["x"])
     clean, _ = await _rollout(store, CallDialect.CHAT, ["ls"], [])
     unchecked, _ = await _rollout(store, CallDialect.CHAT, ["ls"], [])
-    await store.check_hacks(flagged, save=True)
-    await store.check_hacks(clean, save=True)
+    await check_hacks(store, flagged, save=True)
+    await check_hacks(store, clean, save=True)
 
     by_id = {
-        t.rollout_id: t async for t in store.trajectories(rollouts=[flagged, clean, unchecked])
+        t.rollout_id: t async for t in trajectories(store, rollouts=[flagged, clean, unchecked])
     }
     writer = open_writer("parquet", tmp_path / "out.parquet")
     writer.write(list(by_id.values()))

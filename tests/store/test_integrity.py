@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from rolltap.audit.integrity import IssueKind, RolloutIntegrity
+from rolltap.audit.integrity import IssueKind, RolloutIntegrity, verify_rollout
 from rolltap.store import CallStatus, NewRollout, Store
 from rolltap.store.chain import GENESIS_HEX, call_digest, encode, link
 from rolltap.store.events import Declared
@@ -54,7 +54,7 @@ def _kinds(result: RolloutIntegrity) -> list[tuple[IssueKind, str | None]]:
 async def test_an_untouched_rollout_verifies_and_its_head_is_sealed(store: Store) -> None:
     rollout_id, ids = await _agent_rollout(store)
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
     calls = await store.calls(rollout_id)
     view = await store.rollout(rollout_id)
 
@@ -142,7 +142,7 @@ async def test_an_altered_token_is_caught_and_the_call_named(store: Store, db_ur
         c=ids[1],
     )
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert not result.ok
     first = result.issues[0]
@@ -174,7 +174,7 @@ async def test_an_altered_logprob_and_an_altered_field_are_caught(
     )
     await tamper(db_url, "UPDATE call SET finish_reason = 'length' WHERE id = :c", c=ids[0])
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert _kinds(result) == [(IssueKind.ALTERED, ids[0]), (IssueKind.ALTERED, ids[1])]
 
@@ -185,7 +185,7 @@ async def test_a_forged_resume_link_is_caught(store: Store, db_url: str) -> None
     rollout_id, ids = await _agent_rollout(store)
     await tamper(db_url, "UPDATE call SET resumes = :r WHERE id = :c", r=ids[0], c=ids[2])
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert _kinds(result) == [(IssueKind.ALTERED, ids[2])]
 
@@ -194,7 +194,7 @@ async def test_a_deleted_call_is_caught_and_named(store: Store, db_url: str) -> 
     rollout_id, ids = await _agent_rollout(store)
     assert await tamper(db_url, "DELETE FROM call WHERE id = :c", c=ids[1]) == 1
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     missing = result.issues[0]
     assert (missing.kind, missing.seq, missing.call_id) == (IssueKind.MISSING, 2, ids[2])
@@ -208,7 +208,7 @@ async def test_a_cut_tail_is_caught_by_the_sealed_head(store: Store, db_url: str
     rollout_id, ids = await _agent_rollout(store)
     await tamper(db_url, "DELETE FROM call WHERE id = :c", c=ids[-1])
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert [(i.kind, i.seq) for i in result.issues] == [(IssueKind.MISSING, 5)]
     assert "ended with seq 5" in result.issues[0].message
@@ -221,7 +221,7 @@ async def test_two_swapped_calls_are_caught_and_named(store: Store, db_url: str)
     await tamper(db_url, "UPDATE call SET seq = 4 WHERE id = :c", c=ids[4])
     await tamper(db_url, "UPDATE call SET seq = 5 WHERE id = :c", c=ids[3])
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert {(i.kind, i.call_id) for i in result.issues} >= {
         (IssueKind.REORDERED, ids[4]),
@@ -242,7 +242,7 @@ async def test_an_altered_body_is_caught_and_named(store: Store, db_url: str) ->
         db_url, "UPDATE call_body SET request = :b WHERE call_id = :c", b=b"junk", c=ids[0]
     )
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert _kinds(result) == [(IssueKind.ALTERED, ids[0]), (IssueKind.ALTERED, ids[3])]
     assert "cannot be decompressed" in result.issues[0].message
@@ -256,7 +256,7 @@ async def test_a_deleted_body_row_and_a_rewritten_hash_are_caught(
     await tamper(db_url, "DELETE FROM call_body WHERE call_id = :c", c=ids[0])
     await tamper(db_url, "UPDATE call SET hash = :h WHERE id = :c", h="ab" * 32, c=ids[3])
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert _kinds(result) == [(IssueKind.ALTERED, ids[0]), (IssueKind.HASH, ids[3])]
 
@@ -267,17 +267,17 @@ async def test_a_rewritten_head_is_caught(store: Store, db_url: str) -> None:
         db_url, "UPDATE rollout SET head_hash = :h WHERE id = :r", h="cd" * 32, r=rollout_id
     )
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert [i.kind for i in result.issues] == [IssueKind.HEAD]
 
 
 async def test_a_rollout_without_calls_seals_an_empty_chain(store: Store) -> None:
     rollout = await store.create_rollout()
-    running = await store.verify_rollout(rollout.id)
+    running = await verify_rollout(store, rollout.id)
     await store.report(rollout.id, Declared("failed"))
 
-    ended = await store.verify_rollout(rollout.id)
+    ended = await verify_rollout(store, rollout.id)
 
     assert (running.sealed, running.ok) == (False, True)
     assert (ended.ok, ended.head_seq, ended.head_hash) == (True, 0, GENESIS_HEX)
@@ -289,7 +289,7 @@ async def test_calls_refused_after_the_end_follow_the_head(store: Store) -> None
     late.error = "rollout is succeeded; it takes no more calls"
     receipt = await store.append_call(late)
 
-    result = await store.verify_rollout(rollout_id)
+    result = await verify_rollout(store, rollout_id)
 
     assert result.ok
     assert (result.head_seq, result.after_head) == (5, 1)
@@ -310,7 +310,7 @@ async def test_writers_appending_to_one_rollout_keep_one_chain(db_url: str, writ
 
         await asyncio.gather(*(append(s, 10) for s in stores))
         await stores[1].report(rollout.id, Declared("finished"))
-        result = await stores[2].verify_rollout(rollout.id)
+        result = await verify_rollout(stores[2], rollout.id)
     finally:
         for s in stores:
             await s.close()
@@ -327,7 +327,7 @@ async def test_a_junk_hash_is_named_and_the_rollout_still_records(
     await tamper(db_url, "UPDATE call SET hash = 'not a hash' WHERE id = :c", c=first.call_id)
 
     after = await store.append_call(call(rollout.id, [1, 2, 3, 4], [5]))
-    result = await store.verify_rollout(rollout.id)
+    result = await verify_rollout(store, rollout.id)
 
     assert after.seq == 2
     assert _kinds(result) == [(IssueKind.HASH, first.call_id)]

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import func, select, text
 
+from rolltap.audit.integrity import verify_rollout
 from rolltap.store import NewRollout, Store
 from rolltap.store.models import call_table, choice_table
 from tests.support.records import call
@@ -92,7 +93,7 @@ async def test_concurrent_writer_processes(db_url: str) -> None:
         seqs = [c.seq for c in await store.calls(shared)]
         assert seqs == list(range(1, 241))
         # Two processes appended to it at once: still one unbroken hash chain.
-        assert (await store.verify_rollout(shared)).ok
+        assert (await verify_rollout(store, shared)).ok
         await _assert_consistent(store)
 
 
@@ -119,4 +120,4 @@ async def test_writer_killed_mid_batch_keeps_every_acknowledged_call(db_url: str
         assert len(calls) >= len(acks)
         assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
         await store.append_call(call(rollout_id, [1, 2], [3]))
-        assert (await store.verify_rollout(rollout_id)).ok
+        assert (await verify_rollout(store, rollout_id)).ok

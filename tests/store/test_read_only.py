@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from rolltap.analysis.reading import analyze_rollout, rollout_trajectories
 from rolltap.store import (
     DatabaseUnavailable,
     NewRollout,
@@ -47,8 +48,8 @@ async def _fill(store: Store) -> dict[str, str]:
     await store.append_call(call(ids["clean"], [1, 2, 3, 8], [9]))
     for name, reward in [("broken", 1.0), ("clean", 0.0), ("half", 0.5)]:
         await store.report(ids[name], Declared("finished"), reward=reward)
-    await store.analyze_rollout(ids["broken"])
-    await store.analyze_rollout(ids["clean"])
+    await analyze_rollout(store, ids["broken"])
+    await analyze_rollout(store, ids["clean"])
     other = await store.create_rollout(NewRollout(batch_id="c", task_id="t9"))
     ids["other"] = other.id
     return ids
@@ -65,14 +66,14 @@ async def test_read_only_store_reads_and_refuses_writes(db_url: str) -> None:
         with pytest.raises(ReadOnly):
             await store.update_rollout(ids["half"], reward=0.0)
         with pytest.raises(ReadOnly):
-            await store.analyze_rollout(ids["half"])
+            await analyze_rollout(store, ids["half"])
         # Even a statement past the store's API is refused by the database itself (SQLite's
         # refusal reads as an outage to the store: a read-only file is one for its writer).
         with pytest.raises((DBAPIError, DatabaseUnavailable), match=r"read.?only"):
             await store.db.read(lambda c: c.execute(text("DELETE FROM rollout")))
         assert len(await store.rollouts()) == 4
-        # Trajectories are assembled on the store's analysis thread, opened read-only as well.
-        built = await store.rollout_trajectories(ids["broken"])
+        # Trajectories are assembled on the store's read thread, opened read-only as well.
+        built = await rollout_trajectories(store, ids["broken"])
         assert len(built.trajectories) == 2
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import func, select
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.store import NewRollout, RolloutStatus, Store
 from rolltap.store.events import Declared
 from rolltap.store.models import routed_experts_table
@@ -64,7 +65,7 @@ async def test_a_conversation_stores_its_prefix_once_and_reads_back_exactly(
     assert last < whole / 2
 
     await store.report(rollout.id, Declared(RolloutStatus.SUCCEEDED), reward=1.0)
-    (t,) = (await store.rollout_trajectories(rollout.id)).trajectories
+    (t,) = (await rollout_trajectories(store, rollout.id)).trajectories
     ids = [*t.prompt_ids.tolist(), *t.response_ids.tolist()]
     assert t.routed_experts is not None
     assert t.routed_experts.shape == (len(ids) - 1, LAYERS, TOPK)
@@ -109,6 +110,6 @@ async def test_a_trajectory_without_its_last_calls_routing_has_none(store: Store
     await store.append_call(call(rollout.id, ids[:15], ids[15:], routed_experts={0: _routing(ids)}))
     await store.append_call(call(rollout.id, [*ids, 3, 4], [9, 9]))
     await store.report(rollout.id, Declared(RolloutStatus.SUCCEEDED))
-    (t,) = (await store.rollout_trajectories(rollout.id)).trajectories
+    (t,) = (await rollout_trajectories(store, rollout.id)).trajectories
     assert len(t.call_ids) == 2
     assert t.routed_experts is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.analysis.steps import TurnKind, token_hash
 from rolltap.store import NewRollout, Store
 from tests.support.records import call
@@ -29,7 +30,7 @@ async def _rollout(store: Store, versions: tuple[str, str, str]) -> str:
 async def test_turns_span_every_answer_and_observation(store: Store) -> None:
     rid = await _rollout(store, ("v1", "v2", "v2"))
 
-    (t,) = (await store.rollout_trajectories(rid)).trajectories
+    (t,) = (await rollout_trajectories(store, rid)).trajectories
 
     kinds = [(s.kind, s.start, s.end) for s in t.turns]
     a1, o1, a2 = len(A1), len(O1), len(A2)
@@ -55,8 +56,8 @@ async def test_equal_observations_hash_equal_across_rollouts(store: Store) -> No
     first = await _rollout(store, ("1", "1", "1"))
     second = await _rollout(store, ("1", "1", "1"))
 
-    (a,) = (await store.rollout_trajectories(first)).trajectories
-    (b,) = (await store.rollout_trajectories(second)).trajectories
+    (a,) = (await rollout_trajectories(store, first)).trajectories
+    (b,) = (await rollout_trajectories(store, second)).trajectories
 
     assert a.observation_hashes == b.observation_hashes
     assert len(set(a.observation_hashes)) == 2
@@ -75,7 +76,7 @@ async def test_a_resumed_answer_is_two_answers_with_no_observation_between(store
     await store.append_call(call(rid, PROMPT, partial, weight_version="7"))
     await store.append_call(call(rid, PROMPT + partial, rest, weight_version="8"))
 
-    (t,) = (await store.rollout_trajectories(rid)).trajectories
+    (t,) = (await rollout_trajectories(store, rid)).trajectories
 
     assert [(s.kind, s.start, s.end, s.weight_version) for s in t.turns] == [
         (TurnKind.ANSWER, 0, 2, "7"),
@@ -89,6 +90,6 @@ async def test_a_resumed_answer_is_two_answers_with_no_observation_between(store
 async def test_versions_are_ordered_by_sampling_time_not_text(store: Store) -> None:
     rid = await _rollout(store, ("9", "10", "10"))
 
-    (t,) = (await store.rollout_trajectories(rid)).trajectories
+    (t,) = (await rollout_trajectories(store, rid)).trajectories
 
     assert (t.min_version, t.max_version) == ("9", "10")

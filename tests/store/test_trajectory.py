@@ -8,6 +8,8 @@ import pytest
 from sqlalchemy import select
 
 import rolltap.store
+from rolltap.analysis import reader as blocking
+from rolltap.analysis.reading import analyze_rollout, rollout_trajectories, trajectories
 from rolltap.analysis.segments import SegmentRole
 from rolltap.analysis.trajectory import RolloutTrajectories
 from rolltap.store import CallStatus, Capture, NewRollout, Store
@@ -68,7 +70,7 @@ async def test_clean_multi_turn_chain_is_one_segment(store: Store, smollm2: Rend
     ids, answer = rec.answer("You're welcome.")
     await rec.call(messages, (ids, answer))
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert len(built.trajectories) == 1
     (t,) = built.trajectories
@@ -106,7 +108,7 @@ async def test_retokenized_answer_breaks_the_chain(store: Store, smollm2: Render
     messages += [{"role": "assistant", **answer}, {"role": "user", "content": "Once more."}]
     await rec.call(messages, rec.answer("HAVING!!"))
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert [t.role for t in built.trajectories] == [SegmentRole.MAIN, SegmentRole.MAIN]
     broken = built.trajectories[1]
@@ -141,7 +143,7 @@ async def test_side_calls_are_linked_segments_of_their_own(store: Store, smollm2
     messages += [{"role": "assistant", **answer}, {"role": "user", "content": "Day two?"}]
     await rec.call(messages, rec.answer("Day two: the Vatican."))
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     roles = [t.role for t in built.trajectories]
     assert roles == [SegmentRole.MAIN, SegmentRole.SIDE, SegmentRole.SIDE]
@@ -168,7 +170,7 @@ async def test_retries_never_become_duplicate_samples(store: Store, smollm2: Ren
     messages += [{"role": "assistant", **answer}, {"role": "user", "content": "Another?"}]
     await rec.call(messages, rec.answer("Thirteen."))
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     (t,) = built.trajectories
     assert t.call_ids[0] == second.call_id
@@ -188,7 +190,7 @@ async def test_n_choices_become_sibling_segments(store: Store, smollm2: Renderer
     messages += [{"role": "assistant", **choices[1][1]}, {"role": "user", "content": "Why?"}]
     await rec.call(messages, rec.answer("It is calm."))
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     main, *siblings = built.trajectories
     assert main.role is SegmentRole.MAIN
@@ -223,7 +225,7 @@ async def test_text_only_call_breaks_the_chain_and_is_never_a_sample(
     ]
     await rec.call(messages, rec.answer("One, two, three, four."))
 
-    built = await store.rollout_trajectories(rec.rollout_id)
+    built = await rollout_trajectories(store, rec.rollout_id)
 
     assert built.text_only == [text_call.call_id]
     assert all(text_call.call_id not in t.call_ids for t in built.trajectories)
@@ -249,14 +251,14 @@ async def test_reward_and_selection_reach_the_reader(
     await store.report(wins.rollout_id, Declared("finished"), reward=1.0)
     await store.report(loses.rollout_id, Declared("failed"), reward=0.0)
 
-    seen = [t async for t in store.trajectories(batch="b1")]
+    seen = [t async for t in trajectories(store, batch="b1")]
     assert {(t.rollout_id, t.reward) for t in seen} == {
         (wins.rollout_id, 1.0),
         (loses.rollout_id, 0.0),
     }
     with rolltap.store.open(db_url) as reader:
-        succeeded = list(reader.trajectories(batch="b1", status="finished"))
-        by_id = list(reader.trajectories(rollouts=[other.rollout_id]))
+        succeeded = list(blocking.trajectories(reader, batch="b1", status="finished"))
+        by_id = list(blocking.trajectories(reader, rollouts=[other.rollout_id]))
     assert [(t.rollout_id, t.reward, t.task_id, t.sample_index) for t in succeeded] == [
         (wins.rollout_id, 1.0, "t", 0)
     ]
@@ -273,8 +275,8 @@ async def test_analysis_is_recorded_in_sql(store: Store, smollm2: Renderer) -> N
     messages += [{"role": "assistant", "content": "HAVING"}, {"role": "user", "content": "Again."}]
     second = await rec.call(messages, rec.answer("HAVING"))
 
-    built = await store.analyze_rollout(rec.rollout_id)
-    again = await store.analyze_rollout(rec.rollout_id)
+    built = await analyze_rollout(store, rec.rollout_id)
+    again = await analyze_rollout(store, rec.rollout_id)
 
     assert built.faithfulness == again.faithfulness
     async with store.db.connect() as conn:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rolltap.analysis.reading import analyze_rollout
 from rolltap.store import (
     CallDialect,
     CallRecord,
@@ -185,7 +186,7 @@ async def write_big_rollout(
             "logs_dir": "/tmp/big",
         },
     )
-    await store.analyze_rollout(rid)
+    await analyze_rollout(store, rid)
     return BigRollout(rid, turns, len(prompt))
 
 

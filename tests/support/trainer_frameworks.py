@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rolltap.analysis.reading import trajectories
 from rolltap.analysis.trajectory import Trajectory
 from rolltap.engine import gguf_cache
 from rolltap.store import Store
@@ -36,7 +37,7 @@ def task(task_id: str) -> dict[str, str]:
 
 async def stored(store: Store, batch_id: str) -> list[Trajectory]:
     """What rolltap recorded for a batch, read from the store itself."""
-    return [t async for t in store.trajectories(batch=batch_id)]
+    return [t async for t in trajectories(store, batch=batch_id)]
 
 
 @functools.cache

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from rolltap.analysis.hack_check import check_hacks
 from rolltap.store import NewRollout, Store
 from rolltap.store.events import Declared
 from rolltap.ui import UIContext, UISettings, make_app
@@ -47,7 +48,7 @@ async def _rollout(store: Store, task: str, commands: list[str], *, check: bool 
         )
     await store.report(rollout.id, Declared("finished"), reward=1.0)
     if check:
-        await store.check_hacks(rollout.id, save=True)
+        await check_hacks(store, rollout.id, save=True)
     return rollout.id
 
 

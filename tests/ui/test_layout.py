@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rolltap.analysis.reading import rollout_trajectories
 from rolltap.store import CallStatus
 from rolltap.ui.layout import Span, lay_out
 from rolltap.ui.tokens import PAGE, window
@@ -17,7 +18,7 @@ async def test_spans_hold_exactly_each_calls_tokens(fake_store: tuple[str, Made]
     async with opened_store(url, read_only=True) as store:
         for rollout_id in (made.chat, made.responses, made.messages):
             calls = await store.calls(rollout_id)
-            built = await store.rollout_trajectories(rollout_id)
+            built = await rollout_trajectories(store, rollout_id)
             layout = lay_out(built, {c.id: c.prompt_tokens for c in calls})
             for call in calls:
                 span = layout.span(call.id)
@@ -35,7 +36,7 @@ async def test_spans_hold_exactly_each_calls_tokens(fake_store: tuple[str, Made]
             for t in built.trajectories:
                 assert int(layout.segments[t.segment].lost.sum()) == t.lost_tokens
 
-        chat = await store.rollout_trajectories(made.chat)
+        chat = await rollout_trajectories(store, made.chat)
         layout = lay_out(chat, {c.id: c.prompt_tokens for c in await store.calls(made.chat)})
         (broken,) = [t for t in chat.trajectories if t.link is not None]
         assert broken.link is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, Unpack
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,28 @@ class RolloutFilter:
     """Oldest first; newest first by default."""
 
     @classmethod
-    def of(cls, where: RolloutFilter | None = None, **keywords: Any) -> RolloutFilter:
+    def of(cls, where: RolloutFilter | None = None, **keywords: Unpack[Filters]) -> RolloutFilter:
         """`where` with the keywords a caller gave in its place or on top of it (`batch=...`,
         `status=...`: the keyword form of every method that lists rollouts); an unknown keyword
         is a TypeError, as for a method's own parameters."""
         if where is None:
             return cls(**keywords)
         return dataclasses.replace(where, **keywords) if keywords else where
+
+
+class Filters(TypedDict, total=False):
+    """RolloutFilter's fields as keywords (`rollouts(batch=..., status=...)`), so the type
+    checker reads a listing's keywords as it reads the dataclass (a test holds the two alike)."""
+
+    batch: str | Sequence[str] | None
+    status: str | Sequence[str] | None
+    ids: Sequence[str] | None
+    task: str | None
+    harness: str | None
+    min_reward: float | None
+    max_reward: float | None
+    drift: str | None
+    hack: str | None
+    limit: int | None
+    offset: int
+    oldest_first: bool

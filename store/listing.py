@@ -12,11 +12,11 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from .enums import CallStatus, DriftClass, LinkKind, RolloutStatus
 from .errors import AmbiguousId, NotFound
-from .filters import RolloutFilter
+from .filters import Filters, RolloutFilter
 from .records import BatchView, RolloutView
 
 Select = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
@@ -59,7 +59,7 @@ _SHOWN = 3
 
 
 def rollouts(
-    select: Select, where: RolloutFilter | None = None, /, **keywords: Any
+    select: Select, where: RolloutFilter | None = None, /, **keywords: Unpack[Filters]
 ) -> list[RolloutView]:
     """Rollouts matching every filter given, newest first (filters.py: `where`, or its fields
     as keywords)."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from ..loop_thread import LoopThread
 from .egress import EgressRecord
-from .filters import RolloutFilter
+from .filters import Filters, RolloutFilter
 from .lookup import Kind, resolve_id
 from .records import BatchView, CallBodies, CallTokens, CallView, RolloutAnalysis, RolloutView
 from .store import Store
@@ -58,7 +58,9 @@ class StoreReader:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def rollouts(self, where: RolloutFilter | None = None, /, **keywords: Any) -> list[RolloutView]:
+    def rollouts(
+        self, where: RolloutFilter | None = None, /, **keywords: Unpack[Filters]
+    ) -> list[RolloutView]:
         """Rollouts matching every filter given, newest first (see `Store.rollouts`)."""
         return self.run(self._store.rollouts(where, **keywords))
 

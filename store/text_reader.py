@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from . import listing
-from .filters import RolloutFilter
+from .filters import Filters, RolloutFilter
 from .records import BatchView, RolloutView
 from .revision import VERSION_TABLE, newest_revision
 from .url import plain_sqlite_file
@@ -32,7 +32,9 @@ class Listing:
     def __init__(self, select: listing.Select) -> None:
         self._select = select
 
-    def rollouts(self, where: RolloutFilter | None = None, /, **keywords: Any) -> list[RolloutView]:
+    def rollouts(
+        self, where: RolloutFilter | None = None, /, **keywords: Unpack[Filters]
+    ) -> list[RolloutView]:
         return listing.rollouts(self._select, where, **keywords)
 
     def batches(self, **options: Any) -> list[BatchView]:

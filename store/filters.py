@@ -34,7 +34,9 @@ class RolloutFilter:
     """Oldest first; newest first by default."""
 
     @classmethod
-    def of(cls, where: RolloutFilter | None = None, **keywords: Unpack[Filters]) -> RolloutFilter:
+    def of(
+        cls, where: RolloutFilter | None = None, **keywords: Unpack[FilterKeywords]
+    ) -> RolloutFilter:
         """`where` with the keywords a caller gave in its place or on top of it (`batch=...`,
         `status=...`: the keyword form of every method that lists rollouts); an unknown keyword
         is a TypeError, as for a method's own parameters."""
@@ -43,7 +45,7 @@ class RolloutFilter:
         return dataclasses.replace(where, **keywords) if keywords else where
 
 
-class Filters(TypedDict, total=False):
+class FilterKeywords(TypedDict, total=False):
     """RolloutFilter's fields as keywords (`rollouts(batch=..., status=...)`), so the type
     checker reads a listing's keywords as it reads the dataclass (a test holds the two alike)."""
 

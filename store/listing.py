@@ -16,7 +16,7 @@ from typing import Any, Literal, Unpack
 
 from .enums import CallStatus, DriftClass, LinkKind, RolloutStatus
 from .errors import AmbiguousId, NotFound
-from .filters import Filters, RolloutFilter
+from .filters import FilterKeywords, RolloutFilter
 from .records import BatchView, RolloutView
 
 Select = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
@@ -59,7 +59,7 @@ _SHOWN = 3
 
 
 def rollouts(
-    select: Select, where: RolloutFilter | None = None, /, **keywords: Unpack[Filters]
+    select: Select, where: RolloutFilter | None = None, /, **keywords: Unpack[FilterKeywords]
 ) -> list[RolloutView]:
     """Rollouts matching every filter given, newest first (filters.py: `where`, or its fields
     as keywords)."""

@@ -15,7 +15,7 @@ from typing import Any, TypeVar, Unpack
 
 from ..loop_thread import LoopThread
 from .egress import EgressRecord
-from .filters import Filters, RolloutFilter
+from .filters import FilterKeywords, RolloutFilter
 from .lookup import Kind, resolve_id
 from .records import BatchView, CallBodies, CallTokens, CallView, RolloutAnalysis, RolloutView
 from .store import Store
@@ -59,7 +59,7 @@ class StoreReader:
         self.close()
 
     def rollouts(
-        self, where: RolloutFilter | None = None, /, **keywords: Unpack[Filters]
+        self, where: RolloutFilter | None = None, /, **keywords: Unpack[FilterKeywords]
     ) -> list[RolloutView]:
         """Rollouts matching every filter given, newest first (see `Store.rollouts`)."""
         return self.run(self._store.rollouts(where, **keywords))

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from . import egress, events, lifecycle, migrate, queries, routed, training
 from .database import Database, open_database, unavailable
 from .errors import InvalidTokens, ReadOnly
-from .filters import Filters, RolloutFilter
+from .filters import FilterKeywords, RolloutFilter
 from .flags import HackFlag, as_stored, flags_of
 from .ids import hash_key, new_id, new_key
 from .packing import RoutingArray, as_ids, as_logprobs
@@ -240,7 +240,7 @@ class Store:
         return await self.db.read(queries.first_weight_version, rollout_id)
 
     async def rollouts(
-        self, where: RolloutFilter | None = None, /, **keywords: Unpack[Filters]
+        self, where: RolloutFilter | None = None, /, **keywords: Unpack[FilterKeywords]
     ) -> list[RolloutView]:
         """Rollouts matching every filter given, newest first: `where`, or its fields as
         keywords (`batch=`, `status=`, ...; store/filters.py)."""

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
 from . import listing
-from .filters import Filters, RolloutFilter
+from .filters import FilterKeywords, RolloutFilter
 from .records import BatchView, RolloutView
 from .revision import VERSION_TABLE, newest_revision
 from .url import plain_sqlite_file
@@ -33,7 +33,7 @@ class Listing:
         self._select = select
 
     def rollouts(
-        self, where: RolloutFilter | None = None, /, **keywords: Unpack[Filters]
+        self, where: RolloutFilter | None = None, /, **keywords: Unpack[FilterKeywords]
     ) -> list[RolloutView]:
         return listing.rollouts(self._select, where, **keywords)
 

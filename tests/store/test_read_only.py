@@ -20,7 +20,7 @@ from rolltap.store import (
     Store,
 )
 from rolltap.store.events import Declared
-from rolltap.store.filters import Filters, RolloutFilter
+from rolltap.store.filters import FilterKeywords, RolloutFilter
 from rolltap.store.migrate import SchemaOutOfDate, head_revision
 from rolltap.store.queries import DRIFT_FILTERS
 from rolltap.store.reader import open as open_reader
@@ -167,12 +167,12 @@ async def test_one_rollout_filter_for_the_store_and_the_blocking_reader(db_url: 
 
 
 def test_the_keyword_form_types_every_field_as_the_filter_does() -> None:
-    """The listings' keywords (Filters, for the type checker) are RolloutFilter's fields, each
-    with the same type: a field added to one and not the other fails here."""
+    """The listings' keywords (FilterKeywords, for the type checker) are RolloutFilter's
+    fields, each with the same type: a field added to one and not the other fails here."""
     fields = typing.get_type_hints(RolloutFilter)
     assert set(fields) == {f.name for f in dataclasses.fields(RolloutFilter)}
-    assert typing.get_type_hints(Filters) == fields
-    assert not Filters.__total__
+    assert typing.get_type_hints(FilterKeywords) == fields
+    assert not FilterKeywords.__total__
 
 
 async def test_batches_summarise_newest_first(db_url: str) -> None:

@@ -13,8 +13,8 @@ complete groups as they finish, update weights between batches, cancel.
 
 `AsyncClient` is the same API for asyncio code; `Client` runs it on a private event-loop
 thread. A group's arrays are numpy views of what came over the wire (`rolltap.wire`); field
-names follow `rolltap.store.Trajectory`, and `rolltap.trainers` turns groups into what verl,
-SkyRL and slime consume.
+names follow `rolltap.analysis.trajectory.Trajectory`, and `rolltap.trainers` turns groups into
+what verl, SkyRL and slime consume.
 
 Errors: `ServiceError` (the service answered an error: `status`, `code`, `message`), and
 `aiohttp.ClientError` when it cannot be reached. `submit` retries a lost connection with the

@@ -1,7 +1,8 @@
 """How trajectories travel from the rollout service to a trainer: the one wire format that the
 service encodes (rolltap.runner.service) and `rolltap.client` decodes.
 
-A trajectory is a row of named fields (the names of `rolltap.store.Trajectory`). Two encodings:
+A trajectory is a row of named fields (the names of `rolltap.analysis.trajectory.Trajectory`).
+Two encodings:
 
 * ``base64`` (JSON): token arrays as base64 of their little-endian bytes: ``prompt_ids`` and
   ``response_ids`` int32, ``loss_mask`` uint8, ``logprobs`` float32; everything else plain JSON

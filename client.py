@@ -115,6 +115,9 @@ class Trajectory:
     routed_experts: npt.NDArray[Any] | None = None
     """The MoE experts each token of prompt_ids + response_ids was routed to (R3), n_tokens - 1
     rows of layers x top-k (SGLang: layers * top-k); None when not captured."""
+    weight_spans: list[list[Any]] = field(default_factory=list)
+    """Which version sampled which tokens: [version, start, end] over response_ids, one per
+    answer, more where an answer went on across an in_place weight update."""
 
     @property
     def observation_hashes(self) -> list[str]:
@@ -445,10 +448,15 @@ class AsyncClient:
         *,
         model_path: str | Path | None = None,
         load_format: str = "auto",
+        update_info: Mapping[str, Any] | Sequence[Any] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"version": update.version}
         if model_path is not None:
             body |= {"model_path": str(model_path), "load_format": load_format}
+        if update_info is not None:
+            # The engine's own payload (vLLM's WeightTransferUpdatePayload), passed through.
+            info = update_info
+            body["update_info"] = dict(info) if isinstance(info, Mapping) else list(info)
         _, update.committed = await self._request("POST", "/v1/weights/commit", body)
         return update.committed
 
@@ -466,11 +474,14 @@ class AsyncClient:
         load_format: str = "auto",
         timeout: float = 600.0,
         lease: float | None = None,
+        update_info: Mapping[str, Any] | Sequence[Any] | None = None,
     ) -> AsyncIterator[WeightUpdate]:
-        """Hold engine calls for the block (none fails), then load `model_path` into the engines
-        (if given) and resume under `version`. If the block raises, the update is cancelled and
-        calls resume on the old version. `mode`: drain or abort_resume
-        (proxy/control/weights.py)."""
+        """Hold engine calls for the block (none fails), then give the engines the new weights
+        and resume under `version`: `model_path` is loaded, `update_info` is pushed through the
+        engine's own weight transfer (vLLM's /update_weights), and without either the trainer
+        pushed them itself in the block and only the version is set. If the block raises, the
+        update is cancelled and calls resume on the old version. `mode`: drain, abort_resume or
+        in_place (proxy/control/weights.py)."""
         import aiohttp
 
         update = await self.begin_weight_update(version, mode=mode, timeout=timeout, lease=lease)
@@ -480,7 +491,9 @@ class AsyncClient:
             with contextlib.suppress(ServiceError, aiohttp.ClientError):
                 await self.cancel_weight_update()
             raise
-        await self.commit_weight_update(update, model_path=model_path, load_format=load_format)
+        await self.commit_weight_update(
+            update, model_path=model_path, load_format=load_format, update_info=update_info
+        )
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -620,6 +633,7 @@ class Client:
         load_format: str = "auto",
         timeout: float = 600.0,
         lease: float | None = None,
+        update_info: Mapping[str, Any] | Sequence[Any] | None = None,
     ) -> Iterator[WeightUpdate]:
         """See `AsyncClient.weight_update`."""
         import aiohttp
@@ -635,6 +649,6 @@ class Client:
             raise
         self._loop.run(
             self._client.commit_weight_update(
-                update, model_path=model_path, load_format=load_format
+                update, model_path=model_path, load_format=load_format, update_info=update_info
             )
         )

@@ -8,10 +8,11 @@ Two encodings:
   ``response_ids`` int32, ``loss_mask`` uint8, ``logprobs`` float32; everything else plain JSON
   (``turns`` as a list of {kind, start, end, call_id, weight_version, token_hash}), and
   ``routed_experts`` (MoE routing replay, rolltap.store.routed) as {dtype, shape, data: base64
-  of the C-order little-endian bytes} or null.
+  of the C-order little-endian bytes} or null; ``weight_spans`` as [[version, start, end], ...].
 * ``arrow``: an Arrow IPC stream, one row per trajectory, the arrays as list<int32>, list<uint8>,
   list<float32> columns and ``turns`` as parallel ``turn_*`` list columns, ``routed_experts`` as
-  binary with ``routed_experts_dtype`` and ``routed_experts_shape``; in JSON messages (SSE) the
+  binary with ``routed_experts_dtype`` and ``routed_experts_shape``, ``weight_spans`` as its
+  JSON text; in JSON messages (SSE) the
   stream is carried base64-encoded.
 
 Either way the decoded row holds numpy arrays that view the received bytes (no per-token
@@ -124,6 +125,9 @@ def rows_to_arrow(rows: Sequence[Row]) -> bytes:
         [None if r["link"] is None else orjson.dumps(r["link"]).decode() for r in rows],
         type=pa.string(),
     )
+    columns["weight_spans"] = pa.array(
+        [orjson.dumps(r.get("weight_spans") or []).decode() for r in rows], type=pa.string()
+    )
     routings = [r.get("routed_experts") for r in rows]
     columns["routed_experts"] = pa.array(
         [None if a is None else _routing_bytes(a) for a in routings], type=pa.binary()
@@ -159,6 +163,9 @@ def rows_from_arrow(blob: bytes) -> list[Row]:
         row["turns"] = [{f: flat[f][k] for f in TURN_FIELDS} for k in range(lo, hi)]
     for row, link in zip(rows, table.column("link").to_pylist(), strict=True):
         row["link"] = None if link is None else orjson.loads(link)
+    if "weight_spans" in table.column_names:
+        for row, spans in zip(rows, table.column("weight_spans").to_pylist(), strict=True):
+            row["weight_spans"] = orjson.loads(spans)
     if "routed_experts" in table.column_names:
         routing = zip(
             table.column("routed_experts").to_pylist(),

@@ -41,6 +41,7 @@ CALL_COLUMNS = (
     C.c.prompt_parent_choice,
     C.c.prompt_shared,
     C.c.prompt_suffix,
+    C.c.weight_spans,
 )
 """A call row, read by position (by name costs more than the rest of a call's handling)."""
 CHOICE_COLUMNS = (CH.c.call_id, CH.c.idx, CH.c.finish_reason, CH.c.token_ids, CH.c.logprobs)
@@ -60,6 +61,8 @@ class Line:
     call_ids: tuple[str, ...]
     seqs: tuple[int, ...]
     weight_versions: tuple[str | None, ...]
+    weight_spans: tuple[list[list[Any]] | None, ...]
+    """Per call, its choice's spans where more than one version sampled it (WeightSpans)."""
     last_choice: int
     finish_reason: str | None
     arrays: SegmentArrays
@@ -90,6 +93,7 @@ def line_of(calls: Sequence[Row], choices: Mapping[str, Sequence[Row]]) -> Line 
         parent_choice,
         shared,
         suffix,
+        _spans,
     ) in calls:
         rows = choices.get(call_id, ())
         if (
@@ -120,10 +124,19 @@ def line_of(calls: Sequence[Row], choices: Mapping[str, Sequence[Row]]) -> Line 
         tuple(row[0] for row in calls),
         tuple(row[2] for row in calls),
         tuple(row[10] for row in calls),
+        tuple(choice_spans(row[15], choices[row[0]][0][1]) for row in calls),
         previous_choice,
         finish,
         _arrays(blobs, scores),
     )
+
+
+def choice_spans(stored: dict[str, Any] | None, choice: int) -> list[list[Any]] | None:
+    """One choice's spans from a call's `weight_spans` (None: one version sampled it)."""
+    if not stored:
+        return None
+    found = stored.get(str(choice))
+    return found if isinstance(found, list) else None
 
 
 def _arrays(blobs: list[bytes], scores: list[bytes | None]) -> SegmentArrays:

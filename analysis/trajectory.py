@@ -26,10 +26,13 @@ from, at which token, and the drift class (see `rolltap.analysis.drift`). Text-o
 calls and superseded retries never yield a trajectory.
 
 Versions and steps: ``weight_versions`` holds the policy version of each merged call and
-``min_version``/``max_version`` the oldest and newest of them (a rollout that straddled a weight
-update carries both). ``turns`` spans every answer (the call that sampled it, its version) and
-every observation between two answers (with a stable hash of its tokens, ``observation_hashes``)
-in ``response_ids`` coordinates; ``prompt_hash`` hashes the prompt the same way (see
+``min_version``/``max_version`` the oldest and newest version that sampled any of its tokens (a
+rollout that straddled a weight update carries both). ``weight_spans`` says which version
+sampled which tokens: ``(version, start, end)`` over ``response_ids``, one per answer, or more
+where an answer was frozen across an in_place update and went on under the new weights.
+``turns`` spans every answer (the call that sampled it, its version) and every observation
+between two answers (with a stable hash of its tokens, ``observation_hashes``) in
+``response_ids`` coordinates; ``prompt_hash`` hashes the prompt the same way (see
 `rolltap.analysis.steps`).
 
 Routing replay (R3): ``routed_experts`` holds, for a rollout whose calls captured them, the MoE
@@ -91,7 +94,7 @@ from ..store.packing import IdArray, LogprobArray, RoutingArray, unpack_ids, unp
 from ..store.records import ChoiceTokens, RolloutView
 from . import hacks
 from .drift import CallMessages, Detokenizer, Drift, break_sites, calls_to_read, classify_all
-from .lines import CALL_COLUMNS, CHOICE_COLUMNS, Line, Row, line_of
+from .lines import CALL_COLUMNS, CHOICE_COLUMNS, Line, Row, choice_spans, line_of
 from .segments import (
     Assembly,
     CallInput,
@@ -184,6 +187,33 @@ class Trajectory:
 
     _answers: tuple[tuple[int, int], ...] = field(default=(), repr=False, compare=False)
     """Each merged call's sampled span of `response_ids`: what `turns` is worked out from."""
+    _call_spans: tuple[list[list[Any]] | None, ...] = field(default=(), repr=False, compare=False)
+    """Per merged call, the versions that sampled its answer where more than one did
+    ([[version, start, end], ...] over the answer's own tokens; store/records.py WeightSpans)."""
+
+    @functools.cached_property
+    def weight_spans(self) -> tuple[tuple[str | None, int, int], ...]:
+        """Which version sampled which tokens: (version, start, end) over `response_ids`."""
+        out: list[tuple[str | None, int, int]] = []
+        spans = self._call_spans or (None,) * len(self._answers)
+        for (start, end), version, own in zip(
+            self._answers, self.weight_versions, spans, strict=True
+        ):
+            if not own:
+                out.append((version, start, end))
+                continue
+            for label, a, b in own:
+                out.append(
+                    (str(label), start + min(int(a), end - start), start + min(int(b), end - start))
+                )
+        return tuple(out)
+
+    @property
+    def _sampled_versions(self) -> list[str | None]:
+        """Every version that sampled some of its tokens, in the order they sampled them."""
+        if not any(self._call_spans):
+            return list(self.weight_versions)
+        return [version for version, _, _ in self.weight_spans]
 
     @functools.cached_property
     def turns(self) -> tuple[TurnSpan, ...]:
@@ -210,13 +240,14 @@ class Trajectory:
 
     @property
     def min_version(self) -> str | None:
-        """The oldest policy version any of its calls was sampled with."""
-        return version_range(self.weight_versions)[0]
+        """The oldest policy version any of its tokens was sampled with."""
+        return version_range(self._sampled_versions)[0]
 
     @property
     def max_version(self) -> str | None:
-        """The newest policy version any of its calls was sampled with."""
-        return version_range(self.weight_versions)[1]
+        """The newest policy version any of its tokens was sampled with (an answer frozen
+        across an in_place update ends under the new one)."""
+        return version_range(self._sampled_versions)[1]
 
     @property
     def observation_hashes(self) -> tuple[str, ...]:
@@ -319,6 +350,7 @@ class _CallMeta:
     seq: int
     dialect: CallDialect
     weight_version: str | None
+    weight_spans: dict[str, Any] | None = None
 
 
 async def _load_rows(
@@ -363,7 +395,7 @@ def _calls(
             )
     stored = [
         StoredPrompt(call_id, parent, choice, shared, unpack_ids(suffix))
-        for call_id, *_, parent, choice, shared, suffix in call_rows
+        for call_id, *_, parent, choice, shared, suffix, _spans in call_rows
     ]
     prompts = rebuild_prompts(stored, completions)
     calls: dict[str, list[CallInput]] = {}
@@ -384,6 +416,7 @@ def _calls(
         parent_choice,
         shared,
         suffix,
+        weight_spans,
     ) in call_rows:
         has_prompt = suffix is not None or parent is not None
         calls.setdefault(rollout_id, []).append(
@@ -401,7 +434,7 @@ def _calls(
                 stored_parent=None if parent is None else (parent, parent_choice, shared),
             )
         )
-        meta[call_id] = _CallMeta(seq, _DIALECT[dialect], weight_version)
+        meta[call_id] = _CallMeta(seq, _DIALECT[dialect], weight_version, weight_spans)
     return calls, meta
 
 
@@ -452,6 +485,7 @@ def _rollout_trajectories(
                 segment.role,
                 tuple(segment.calls),
                 tuple(meta[c].weight_version for c in segment.calls),
+                tuple(choice_spans(meta[p.call.id].weight_spans, p.choice) for p in segment.pieces),
                 last.sampled.finish_reason,
                 None
                 if link is None
@@ -490,6 +524,7 @@ def _line_trajectories(
         SegmentRole.MAIN,
         line.call_ids,
         line.weight_versions,
+        line.weight_spans,
         line.finish_reason,
         None,
         (line.call_ids[-1], line.last_choice),
@@ -519,6 +554,7 @@ def _trajectory(
     role: SegmentRole,
     call_ids: tuple[str, ...],
     versions: tuple[str | None, ...],
+    call_spans: tuple[list[list[Any]] | None, ...],
     finish_reason: str | None,
     link: SegmentLink | None,
     last: routed.Key,
@@ -556,6 +592,7 @@ def _trajectory(
         routed_experts=routed.for_sequence(routing, last, len(arrays.ids)),
         hack_flags=hacks.detectors_of(rollout.hack_flags),
         _answers=tuple((start - n, end - n) for start, end in arrays.answers),
+        _call_spans=call_spans if any(call_spans) else (),
     )
 
 

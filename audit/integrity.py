@@ -19,6 +19,12 @@ names the call:
 - `hash`: a stored hash was changed while its record was not.
 - `head`: the head sealed with the rollout does not match the chain.
 - `unhashed`: a call without a digest or hash (recorded before the chain existed, or erased).
+- `weights`: a call sealed with a weights digest that the engines' checksums stored for its
+  version (the weight_checksum table) do not give: the record of which weights served it no
+  longer holds.
+
+`weights` lists, per weight version the calls were served with, how many calls, the digest of
+the weights they were sealed with, and how many engines' checksums the store holds for it.
 
 Calls the proxy refused (budget spent, rollout finished, key revoked, a malformed request) are
 `rejected` rows in the same chain; they are listed in `refused` for the auditor.
@@ -44,8 +50,10 @@ from ..store.models import (
     call_table,
     choice_table,
     rollout_table,
+    weight_checksum_table,
 )
 from ..store.packing import IdArray, pack, unpack_ids
+from ..store.weights import version_digest
 
 if TYPE_CHECKING:
     from ..store.store import Store
@@ -55,11 +63,13 @@ __all__ = [
     "IssueKind",
     "RefusedCall",
     "RolloutIntegrity",
+    "WeightsServed",
     "verify_rollout",
     "verify_snapshot",
 ]
 
 C, CH, B, R = call_table, choice_table, call_body_table, rollout_table
+W = weight_checksum_table
 
 
 class IssueKind(enum.StrEnum):
@@ -69,6 +79,27 @@ class IssueKind(enum.StrEnum):
     HASH = "hash"
     HEAD = "head"
     UNHASHED = "unhashed"
+    WEIGHTS = "weights"
+
+
+@dataclass(frozen=True)
+class WeightsServed:
+    """The weights a rollout's calls under one version were served with."""
+
+    weight_version: str | None
+    calls: int
+    digest: str | None
+    """The weights digest the calls were sealed with; None where no engine offered checksums."""
+    engines: int
+    """How many engines' checksums of this version the store holds."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "weight_version": self.weight_version,
+            "calls": self.calls,
+            "digest": self.digest,
+            "engines": self.engines,
+        }
 
 
 @dataclass(frozen=True)
@@ -122,6 +153,7 @@ class RolloutIntegrity:
     """Calls recorded after the rollout ended (refused ones, typically)."""
     issues: tuple[Issue, ...]
     refused: tuple[RefusedCall, ...]
+    weights: tuple[WeightsServed, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -144,6 +176,7 @@ class RolloutIntegrity:
             "after_head": self.after_head,
             "issues": [i.as_dict() for i in self.issues],
             "refused": [r.as_dict() for r in self.refused],
+            "weights": [w.as_dict() for w in self.weights],
         }
 
 
@@ -190,6 +223,8 @@ def verify_snapshot(conn: Connection, rollout_id: str) -> RolloutIntegrity:
     )
     if head_issue is not None:
         issues.append(head_issue)
+    served, weight_issues = _check_weights(conn, calls)
+    issues += weight_issues
     issues.sort(key=lambda i: (i.seq is None, i.seq or 0))
     refused = tuple(
         RefusedCall(c.id, c.seq, c.row["http_status"], c.row["error"])
@@ -206,7 +241,52 @@ def verify_snapshot(conn: Connection, rollout_id: str) -> RolloutIntegrity:
         after_head=after_head,
         issues=tuple(issues),
         refused=refused,
+        weights=served,
     )
+
+
+def _check_weights(
+    conn: Connection, calls: Sequence[_Call]
+) -> tuple[tuple[WeightsServed, ...], list[Issue]]:
+    """Per version, the weights its calls were sealed with, checked against the checksums the
+    store holds for it (store/weights.py)."""
+    counts: dict[tuple[str | None, str | None], int] = {}
+    for call in calls:
+        if call.row["status"] == CallStatus.OK.value:
+            key = (call.row["weight_version"], call.row["weights_digest"])
+            counts[key] = counts.get(key, 0) + 1
+    versions = {v for v, _ in counts if v is not None}
+    stored: dict[str, list[str]] = {}
+    if versions:
+        rows = conn.execute(
+            select(W.c.weight_version, W.c.checksums).where(
+                W.c.weight_version.in_(sorted(versions))
+            )
+        )
+        for version, sums in rows:
+            # Recomputed from the checksums as stored now: an altered checksum shows.
+            stored.setdefault(version, []).append(chain.checksums_digest(sums))
+    served = tuple(
+        WeightsServed(version, n, digest, len(stored.get(version or "", [])))
+        for (version, digest), n in counts.items()
+    )
+    issues = []
+    for call in calls:
+        digest, version = call.row["weights_digest"], call.row["weight_version"]
+        if digest is None:
+            continue
+        found = stored.get(version or "")
+        if not found or version_digest(found) != digest:
+            issues.append(
+                Issue(
+                    IssueKind.WEIGHTS,
+                    f"sealed with weights {digest[:16]} for version {version!r}, which the "
+                    "stored checksums of that version do not give",
+                    call.seq,
+                    call.id,
+                )
+            )
+    return served, issues
 
 
 def _chainable(call: _Call) -> bool:

@@ -63,7 +63,9 @@ class CallReader(Protocol):
         ...
 
     def parse(self, body: str) -> ToolCall | str:
-        """The whole block (stripped) as a call, or why it is malformed."""
+        """The whole block (stripped) as a call, or why it is malformed. A reader may also
+        have `ended(body) -> bool`: whether a block the answer's end cut off (unstripped) got
+        past its head, where a stripped head cannot tell (glm45's name ends at a newline)."""
         ...
 
 
@@ -202,6 +204,9 @@ class StreamedCalls:
 
     def _close(self, block: _Block, body: str, *, closed: bool) -> list[Piece]:
         found = block.reader.parse(body.strip())
+        ended = getattr(block.reader, "ended", None)
+        if not closed and isinstance(found, ToolCall) and ended is not None and not ended(body):
+            found = "cut before its head ended"
         call = found if isinstance(found, ToolCall) else None
         if call is None:
             self._note(str(found), closed)
@@ -249,7 +254,8 @@ class JsonEcho:
     cannot be JSON; `done` once the value is complete (what follows is not read)."""
 
     def __init__(self, *, object_only: bool = False) -> None:
-        """`object_only`: anything but an object is `broken` at its first character."""
+        """`object_only`: anything but an object is `broken` at its first character, but for
+        `null`, written as `{}` (no arguments, tools.NULL_ARGUMENTS) once it ends."""
         self._object_only = object_only
         self._stack: list[str] = []
         self._expect = "value"
@@ -278,8 +284,8 @@ class JsonEcho:
                     self._scalar += ch
                     i += 1
                     continue
-                if not self._end_scalar(out):
-                    break
+                if not self._end_scalar(out) or self.done:
+                    break  # done: what ended the value is not part of it (`rest`)
             i += 1
             if ch not in _SPACE:
                 self._structure(ch, out)
@@ -289,7 +295,9 @@ class JsonEcho:
 
     def _structure(self, ch: str, out: list[str]) -> None:
         expect = self._expect
-        if self._object_only and not self._stack and ch != "{":
+        if self._object_only and not self._stack and ch == "n" and expect == "value":
+            self._scalar = ch  # only `null` is taken (_end_scalar)
+        elif self._object_only and not self._stack and ch != "{":
             self.broken = True
         elif expect in ("value", "value_or_end"):
             if ch in "{[":
@@ -349,6 +357,13 @@ class JsonEcho:
         except ValueError:
             self.broken = True
             return False
+        if self._object_only and not self._stack:
+            if value is not None:
+                self.broken = True
+                return False
+            out.append("{}")
+            self.done = True
+            return True
         out.append(json.dumps(value))
         self._after_value()
         return True

@@ -10,117 +10,26 @@ as it is written (callstream.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from . import harmony
 from .callstream import CallPart
 from .harmony import HarmonyAnswer, HarmonyDelta
-from .reasoning import ReasoningStream
+from .reasoners import REASONING_PARSERS, ReasoningParser, Thinking, thinking_of
 from .toolparsers import TOOL_PARSERS, ToolParser
-from .tools import partial_suffix
 
-
-class ReasoningParser(Protocol):
-    def push(self, text: str) -> tuple[str, str]:
-        """(reasoning, content) of the text pushed so far that is settled."""
-        ...
-
-    def finish(self) -> tuple[str, str]: ...
-
-
-class _DeepSeekR1:
-    """DeepSeek-R1: the template opens `<think>`, so the output is reasoning up to `</think>`
-    (a `<think>` the model writes again first is dropped, with the spaces before it); without
-    `</think>` all of it is."""
-
-    def __init__(self, thinking: bool | None = None) -> None:
-        self._inner = ReasoningStream(prompt_opened=True)
-        self._start = ""
-        self._started = False
-
-    def push(self, text: str) -> tuple[str, str]:
-        if not self._started:
-            self._start += text
-            head = self._start.lstrip()
-            if "<think>".startswith(head):
-                return "", ""
-            self._started = True
-            text = head[len("<think>") :] if head.startswith("<think>") else self._start
-        return self._inner.push(text)
-
-    def finish(self) -> tuple[str, str]:
-        if not self._started:
-            self._started = True
-            return ("" if self._start.strip() == "<think>" else self._start), ""
-        return self._inner.finish()
-
-
-class _Qwen3:
-    """Qwen3 as vLLM reads it (its `qwen3` parser, vllm/parser/qwen3.py): the output starts
-    in reasoning, the template having opened `<think>` (or the model opening it: a `<think>`
-    in the reasoning is dropped), up to `</think>`; a `</think>` in the content after it is
-    dropped too. With the request's `enable_thinking` false, all of it is content."""
-
-    def __init__(self, thinking: bool | None = None) -> None:
-        self._reasoning = thinking is not False
-        self._held = ""
-
-    def push(self, text: str) -> tuple[str, str]:
-        out: dict[bool, list[str]] = {True: [], False: []}
-        window, self._held = self._held + text, ""
-        while window:
-            tags = (_THINK, _END_THINK) if self._reasoning else (_END_THINK,)
-            found = [(window.find(t), t) for t in tags if t in window]
-            if not found:
-                keep = max(partial_suffix(window, t) for t in tags)
-                out[self._reasoning].append(window[: len(window) - keep])
-                self._held = window[len(window) - keep :]
-                break
-            at, tag = min(found)
-            out[self._reasoning].append(window[:at])
-            window = window[at + len(tag) :]
-            if tag == _END_THINK:
-                self._reasoning = False
-        return "".join(out[True]), "".join(out[False])
-
-    def finish(self) -> tuple[str, str]:
-        held, self._held = self._held, ""
-        return (held, "") if self._reasoning else ("", held)
-
-
-_THINK, _END_THINK = "<think>", "</think>"
-
-
-class _NoReasoning:
-    def push(self, text: str) -> tuple[str, str]:
-        return "", text
-
-    def finish(self) -> tuple[str, str]:
-        return "", ""
-
-
-def _deepseek_v3(thinking: bool | None = None) -> ReasoningParser:
-    """DeepSeek-V3.1: thinking only when the request's template arguments turn it on
-    (`thinking` or `enable_thinking`), then read as DeepSeek-R1; else all content."""
-    return _DeepSeekR1() if thinking else _NoReasoning()
-
-
-REASONING_PARSERS: dict[str, Callable[[bool | None], ReasoningParser]] = {
-    "qwen3": _Qwen3,
-    "deepseek_r1": _DeepSeekR1,
-    "deepseek_v3": _deepseek_v3,
-}
-
-
-def thinking_of(template_kwargs: object) -> bool | None:
-    """Whether a request's `chat_template_kwargs` turn thinking on (`enable_thinking` or
-    `thinking`, as vLLM's parsers read them); None when they do not say."""
-    if not isinstance(template_kwargs, dict):
-        return None
-    said = [template_kwargs[k] for k in ("enable_thinking", "thinking") if k in template_kwargs]
-    return any(bool(v) for v in said) if said else None
+__all__ = [
+    "REASONING_PARSER_NAMES",
+    "TOOL_PARSER_NAMES",
+    "AnswerParser",
+    "CallDelta",
+    "Delta",
+    "ReasoningParser",
+    "Thinking",
+    "parse_whole",
+    "thinking_of",
+]
 
 
 @dataclass(frozen=True)
@@ -168,12 +77,13 @@ class AnswerParser:
         tool_specs: list[dict[str, Any]] | None = None,
         *,
         stream: bool = True,
-        thinking: bool | None = None,
+        thinking: Thinking | bool | None = None,
     ) -> None:
         """`tools`: the tool-call parser, or None when the request offers no tools. `stream`:
         the answer is streamed, so calls are sent as they are written; else each is read whole
         (the same calls, but a call that turns out malformed is content). `thinking`: what
-        the request's template arguments say of thinking (`thinking_of`; None: nothing)."""
+        the request's template arguments say of thinking (`thinking_of`; a bool: both keys say
+        so; None: nothing)."""
         self._harmony: HarmonyAnswer | None = None
         self._reasoning: ReasoningParser | None = None
         self._tools: ToolParser | None = None
@@ -184,7 +94,9 @@ class AnswerParser:
                 reasoning=reasoning is not None, tools=tools is not None, stream=stream
             )
         if self._harmony is None:
-            self._reasoning = None if reasoning is None else REASONING_PARSERS[reasoning](thinking)
+            self._reasoning = (
+                None if reasoning is None else REASONING_PARSERS[reasoning](Thinking.of(thinking))
+            )
             if tools is not None:
                 self._tools = TOOL_PARSERS[tools](tool_specs or [], stream)
         self._parses_tools = tools is not None

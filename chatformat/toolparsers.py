@@ -387,6 +387,8 @@ def _llama3_calls(text: str) -> list[ToolCall] | str:
         if "arguments" not in value and "parameters" not in value:
             return f"call {len(calls) + 1}: no parameters"
         arguments = value["arguments"] if "arguments" in value else value["parameters"]
+        if arguments is None:
+            arguments = {}  # tools.NULL_ARGUMENTS
         if not isinstance(arguments, dict):
             return f"call {len(calls) + 1}: parameters are not an object"
         calls.append(_call(value["name"], arguments))
@@ -401,7 +403,6 @@ def _llama3_json(tools: list[dict[str, Any]], stream: bool) -> ToolParser:
 # -- mistral -------------------------------------------------------------------------------------
 
 _TOOL_CALLS = "[TOOL_CALLS]"
-_ARGS = "[ARGS]"
 _ID_CHARS = string.ascii_letters + string.digits
 
 
@@ -410,13 +411,19 @@ def _mistral_id() -> str:
     return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
 
 
-_V11_HEAD = re.compile(r"([^\[\]{}]+?)\[ARGS\]")
-"""Mistral's tokenizer v11 and later: `NAME[ARGS]` before each call's arguments."""
+_V11_HEAD = re.compile(r"([^\[\]{}]+?)(?:\[ARGS\]|(?=\{))")
+"""Mistral's tokenizer v11 and later: `NAME[ARGS]` before each call's arguments, or `NAME`
+right before them (vLLM's mistral parser takes `{` for the separator too)."""
 
 
 class _Mistral:
     """Content up to `[TOOL_CALLS]`; from there to the end, calls read at the end. Streamed
-    (`stream`), each also opens at its name and streams its arguments, in either format."""
+    (`stream`), each also opens at its name and streams its arguments, in either format.
+
+    The two formats are told apart by the text after `[TOOL_CALLS]` (JSON before v11), and
+    vLLM reads content beside them differently, as its parser for each tokenizer does: beside
+    v11 calls the whole answer's content is stripped and spaces before the first call are not
+    sent (its engine-based parser); before v11 both are kept (its legacy one)."""
 
     def __init__(self, stream: bool) -> None:
         self._content = TagScanner(_TOOL_CALLS)
@@ -425,21 +432,47 @@ class _Mistral:
         self._stream = stream
         self._sequence: CallSequence | None = None
         self._read: list[ToolCall] | str = []
+        self._v11: bool | None = None
+        """The calls are v11's `NAME[ARGS]{...}` (None: not known yet)."""
+        self._lead = ""
+        """Content that is only spaces, held until it is known whether v11 calls follow."""
+        self._spoke = False
 
     @property
     def outcome(self) -> str:
         return _outcome(self._read)
 
+    @property
+    def strip_content(self) -> bool:
+        return self._v11 is True
+
     def push(self, text: str) -> list[Piece]:
         if self._parts is not None:
             self._parts.append(text)
-            return self._stream_calls(text)
+            return self._led(self._stream_calls(text), final=False)
         out, rest = self._content.feed(text)
-        pieces: list[Piece] = [out] if out else []
+        pieces = self._said(out)
         if rest is not None:
             self._parts = [rest]
-            pieces += self._stream_calls(rest)
+            pieces += self._led(self._stream_calls(rest), final=False)
         return pieces
+
+    def _said(self, out: str) -> list[Piece]:
+        if not self._spoke and not out.strip():
+            self._lead += out
+            return []
+        out, self._lead, self._spoke = self._lead + out, "", True
+        return [out]
+
+    def _led(self, pieces: list[Piece], *, final: bool) -> list[Piece]:
+        """`pieces` after the spaces held before them, unless v11 calls open with them."""
+        if not self._lead:
+            return pieces
+        opens = any(isinstance(p, CallPart) and p.id is not None for p in pieces)
+        if not (opens or final):
+            return pieces
+        lead, self._lead = self._lead, ""
+        return pieces if opens and self._v11 else [lead, *pieces]
 
     def _stream_calls(self, text: str) -> list[Piece]:
         if not self._stream:
@@ -448,6 +481,7 @@ class _Mistral:
             begun = "".join(self._parts or ()).lstrip()
             if not begun:
                 return []
+            self._v11 = not begun.startswith(("[", "{"))
             if begun.startswith("["):  # a JSON list, before tokenizer v11
                 self._sequence = CallSequence(
                     _JSON_HEAD, json_name=True, closer="}", separators=(",",), opening="[",
@@ -464,13 +498,16 @@ class _Mistral:
     def finish(self) -> list[Piece]:
         if self._parts is None:
             text = self._content.held()
-            return [text] if text else []
+            return self._led([text] if text else [], final=True)
         text, self._parts = "".join(self._parts), None
+        if text.strip():
+            self._v11 = not text.lstrip().startswith(("[", "{"))
         read = self._read = _mistral_calls(text)
         calls = None if isinstance(read, str) else read
         if self._sequence is not None and self._sequence.opened:
-            return list(self._sequence.settle(calls))
-        return [CallPart.whole(c) for c in calls] if calls else [_TOOL_CALLS + text]
+            return self._led(list(self._sequence.settle(calls)), final=True)
+        pieces: list[Piece] = [CallPart.whole(c) for c in calls] if calls else [_TOOL_CALLS + text]
+        return self._led(pieces, final=True)
 
 
 def _mistral_calls(text: str) -> list[ToolCall] | str:
@@ -492,6 +529,8 @@ def _mistral_calls(text: str) -> list[ToolCall] | str:
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                 return f"call {k}: not an object with a name"
             arguments = entry.get("arguments", {})
+            if arguments is None:
+                arguments = {}  # tools.NULL_ARGUMENTS
             if isinstance(arguments, str):
                 try:
                     arguments = json.loads(arguments)
@@ -504,18 +543,19 @@ def _mistral_calls(text: str) -> list[ToolCall] | str:
     calls = []
     decoder = json.JSONDecoder()
     for k, part in enumerate((p for p in text.split(_TOOL_CALLS) if p.strip()), 1):
-        name, found, rest = part.partition(_ARGS)
-        if not found or not name.strip():
+        head = _V11_HEAD.match(part.lstrip())
+        if head is None or not head.group(1).strip():
             return f"call {k}: not NAME[ARGS]{{...}}"
         try:
-            arguments, end = decoder.raw_decode(rest.strip())
+            # As the stream reads it (and vLLM): the arguments' JSON, what follows it ignored.
+            arguments, _ = decoder.raw_decode(part.lstrip()[head.end() :].lstrip())
         except ValueError as e:
             return f"call {k}: arguments not JSON ({e})"
+        if arguments is None:
+            arguments = {}  # tools.NULL_ARGUMENTS
         if not isinstance(arguments, dict):
             return f"call {k}: arguments are not an object"
-        if rest.strip()[end:].strip():
-            return f"call {k}: text after its arguments"
-        calls.append(_call(name.strip(), arguments, _mistral_id()))
+        calls.append(_call(head.group(1).strip(), arguments, _mistral_id()))
     return calls or "no call after [TOOL_CALLS]"
 
 
@@ -547,6 +587,11 @@ class _GlmReader:
                 return None
             self._name = self._head.lstrip()[: end.start()].strip()
         return self._name, ""
+
+    def ended(self, body: str) -> bool:
+        """Whether an unclosed block (the answer cut at the token limit) got past its name:
+        `<tool_call>get_wea` is a name cut short, not a call named `get_wea`."""
+        return _GLM_NAME_END.search(body.lstrip()) is not None
 
     def parse(self, body: str) -> ToolCall | str:
         end = _GLM_NAME_END.search(body)
@@ -619,6 +664,8 @@ class _HeaderReader:
             arguments = json.loads(rest)
         except ValueError as e:
             return f"arguments not JSON ({e})"
+        if arguments is None:
+            arguments = {}  # tools.NULL_ARGUMENTS
         if not isinstance(arguments, dict):
             return "arguments are not an object"
         return _call(name, arguments)

@@ -64,6 +64,13 @@ def render_tool_call(name: str, arguments: object) -> str:
     return f"{OPEN}\n{payload}\n{CLOSE}"
 
 
+NULL_ARGUMENTS = "null"
+"""Arguments written as `null` are read as no arguments, `{}`, by every parser, whole and
+streamed alike (callstream.JsonEcho): the model called the tool with nothing to pass, as a
+call without `arguments` does; OpenAI's `arguments` is a JSON object, and vLLM's mistral parser
+reads `null` as `{}` too (its others pass the text `null` on, which no client reads as an
+object)."""
+
 OK = "ok"
 NONE = "none"
 MALFORMED = "malformed"
@@ -96,6 +103,8 @@ def read_block(body: str) -> ToolCall | str:
     if not isinstance(call.get("name"), str):
         return "no name"
     arguments = call.get("arguments", call.get("parameters", {}))
+    if arguments is None:
+        arguments = {}  # `null`: no arguments (NULL_ARGUMENTS)
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

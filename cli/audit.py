@@ -1,6 +1,8 @@
-"""`rolltap audit verify`: recompute rollouts' hash chains and say what was altered, and where;
-check a signed export against its signature and the store. `rolltap audit hacks`: run the
-reward-hack detectors over what the store recorded and name each flagged call."""
+"""`rolltap audit verify`: recompute rollouts' hash chains and say what was altered, and where,
+and which weights served their calls; check a signed export against its signature and the
+store. `rolltap audit hacks`: run the reward-hack detectors over what the store recorded and
+name each flagged call. `rolltap audit weights OLD NEW`: compare two weight versions' stored
+checksums parameter by parameter."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..audit import signature
 from ..audit.integrity import RolloutIntegrity, verify_rollout
 from ..store import NotFound, StoreReader
 from ..store import open as open_store
+from ..store.weights import compare
 from .ids import batch_filter
 from .options import db_option
 from .signing import secret_option, signing_key
@@ -94,6 +97,44 @@ def verify(
     if not as_json and len(ids) > 1:
         console.print(f"{len(ids)} rollouts: {len(ids) - failed} intact, {failed} with issues")
     if failed:
+        sys.exit(1)
+
+
+@audit.command()
+@db_option
+@click.argument("old")
+@click.argument("new")
+@click.option("--json", "as_json", is_flag=True, help="The comparison as one JSON object.")
+@click.option("--show", default=20, show_default=True, help="Changed parameters to name.")
+def weights(db_url: str | None, old: str, new: str, as_json: bool, show: int) -> None:
+    """Compare the weights of versions OLD and NEW by the checksums their engines reported at
+    the commits that put them in (vLLM's /weight_checker, SGLang's /weights_checker): which
+    parameters changed, appeared or went. Exit status 1 when none changed."""
+    with open_store(db_url, read_only=True) as store:
+        found = {v: store.run(store.store.weight_checksums(v)) for v in (old, new)}
+    for version, rows in found.items():
+        if not rows:
+            raise click.ClickException(
+                f"no checksums stored for weight version {version!r}: its engines offered none, "
+                "or no commit put it in"
+            )
+    diff = compare(found[old][0], found[new][0])
+    if as_json:
+        click.echo(json.dumps(diff.as_dict()))
+    else:
+        click.echo(
+            f"{old} -> {new}: {len(diff.changed)} changed, {len(diff.added)} added, "
+            f"{len(diff.removed)} removed, {diff.same} the same"
+        )
+        for name in diff.changed[:show]:
+            click.echo(f"  changed  {name}")
+        if len(diff.changed) > show:
+            click.echo(f"  ... and {len(diff.changed) - show} more")
+        for name in diff.added:
+            click.echo(f"  added    {name}")
+        for name in diff.removed:
+            click.echo(f"  removed  {name}")
+    if not (diff.changed or diff.added or diff.removed):
         sys.exit(1)
 
 
@@ -279,6 +320,12 @@ def render(console: Console, result: RolloutIntegrity) -> None:
         f"rollout {result.rollout_id}  {result.status.value}  {result.calls} calls  {seal}  "
         + verdict
     )
+    for served in result.weights:
+        digest = "no checksums offered" if served.digest is None else served.digest[:16]
+        console.print(
+            f"  {'weights':>9}  version {escape(repr(served.weight_version))}: {served.calls} "
+            f"call(s), weights {digest}, checksums of {served.engines} engine(s) stored"
+        )
     for issue in result.issues:
         console.print(f"  [red]{issue.kind.value:>9}[/red]  {escape(issue.message)}")
     for refused in result.refused:

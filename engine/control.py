@@ -14,13 +14,27 @@ prefix cache between two steps, for a trainer that changed the weights some othe
 answer `{"success": true}`.
 `GET /get_weight_version` (SGLang) answers `{"weight_version": ...}`; generation routes report
 the label per choice when asked (`return_weight_versions`, vLLM's spans).
+
+vLLM 0.33's RL control plane (vllm/entrypoints/rl/online/api_router.py), which the proxy drives
+on every vLLM-kind backend (proxy/control/engine_control.py), in the same shapes:
+`POST /pause?mode=abort|wait` (abort ends running requests with "abort"; wait answers once none
+runs; `keep`, freezing requests mid-answer, is refused with 400: this engine's scheduler does
+not freeze rows, so an in_place update needs vLLM or SGLang), `POST /resume`, `GET /is_paused`,
+`POST /start_weight_update` (nothing to open), `POST /update_weights` (400: no transfer engine
+here; load a checkpoint with /update_weights_from_disk), `POST /finish_weight_update
+{"weight_version"}` and `POST /update_weight_version {"new_version"}` (set the label between two
+steps), `GET /weight_info`, `POST /weight_checker {"action": "checksum" | "compare", "baseline"}`
+(vLLM's per-parameter SHA-256 of the raw bytes, model/weight_checksum.py's rule; `reset`, which
+zeroes the weights, is refused). New requests are not refused while paused: the proxy holds them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 
+import torch
 from aiohttp import web
 
 from .batcher import Batcher, UpdateOutcome
@@ -36,6 +50,15 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/get_weight_version", get_weight_version)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_post("/flush_cache", reset_prefix_cache)
+    app.router.add_post("/pause", pause)
+    app.router.add_post("/resume", resume)
+    app.router.add_get("/is_paused", is_paused)
+    app.router.add_post("/start_weight_update", start_weight_update)
+    app.router.add_post("/update_weights", update_weights)
+    app.router.add_post("/finish_weight_update", finish_weight_update)
+    app.router.add_post("/update_weight_version", update_weight_version)
+    app.router.add_get("/weight_info", weight_info)
+    app.router.add_post("/weight_checker", weight_checker)
 
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:
@@ -123,3 +146,107 @@ async def abort_requests(request: web.Request) -> web.Response:
 async def get_weight_version(request: web.Request) -> web.Response:
     engine = ready_engine(request)
     return json_response({"weight_version": engine.batcher.weight_version})
+
+
+# -- vLLM's RL control plane -----------------------------------------------------------------
+
+PAUSE_POLL = 0.02
+"""Seconds between two looks at the scheduler while `/pause?mode=wait` waits for it to idle."""
+
+
+async def pause(request: web.Request) -> web.Response:
+    engine = ready_engine(request)
+    mode = request.query.get("mode", "abort")
+    if mode not in ("abort", "wait", "keep"):
+        raise BadRequest("`mode` must be abort, wait or keep", "mode")
+    if mode == "keep":
+        # vLLM's route answers a ValueError from its engine with 400 {"error": ...}.
+        why = "this engine does not freeze running requests (mode=keep): use wait or abort"
+        return json_response({"error": why}, status=400)
+    slot = request.app[SLOT]
+    slot.paused = True
+    if mode == "abort":
+        engine.batcher.abort_all()
+    while True:
+        stats = engine.batcher.stats()
+        if stats.running == 0 and stats.waiting == 0:
+            break
+        await asyncio.sleep(PAUSE_POLL)
+    return json_response({"status": "paused"})
+
+
+async def resume(request: web.Request) -> web.Response:
+    ready_engine(request)
+    request.app[SLOT].paused = False
+    return json_response({"status": "resumed"})
+
+
+async def is_paused(request: web.Request) -> web.Response:
+    ready_engine(request)
+    return json_response({"is_paused": request.app[SLOT].paused})
+
+
+async def start_weight_update(request: web.Request) -> web.Response:
+    ready_engine(request)
+    return json_response({"message": "Weight update started"})
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    ready_engine(request)
+    why = "this engine has no weight transfer engine: load a checkpoint (update_weights_from_disk)"
+    return json_response({"error": why}, status=400)
+
+
+async def finish_weight_update(request: web.Request) -> web.Response:
+    await _set_version(request, "weight_version")
+    return json_response({"message": "Weight update finished"})
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    version = await _set_version(request, "new_version")
+    return json_response({"success": True, "new_version": version})
+
+
+async def weight_info(request: web.Request) -> web.Response:
+    engine = ready_engine(request)
+    return json_response({"weight_version": engine.batcher.weight_version})
+
+
+async def _set_version(request: web.Request, key: str) -> str:
+    engine = ready_engine(request)
+    version = Fields(await read_json(request)).string(key)
+    if version is None:
+        return engine.batcher.weight_version
+    async with request.app[SLOT].weights_lock:
+        # No weight changes: the label moves between two steps, the cache stays.
+        outcome = await _swap(engine.batcher, _unchanged, version, False, False)
+    return outcome.weight_version
+
+
+async def weight_checker(request: web.Request) -> web.Response:
+    engine = ready_engine(request)
+    f = Fields(await read_json(request))
+    action = f.string("action")
+    if action not in ("checksum", "compare"):
+        raise BadRequest("`action` must be checksum or compare (reset is not offered)", "action")
+    baseline = f.data.get("baseline")
+    if action == "compare" and not isinstance(baseline, dict):
+        raise BadRequest("action='compare' requires a 'baseline' object", "baseline")
+    async with request.app[SLOT].weights_lock:
+        # No update swaps the weights while they are read.
+        sums = await asyncio.to_thread(checksums, engine.lm.model)
+    if action == "checksum":
+        return json_response({"checksums": sums})
+    assert isinstance(baseline, dict)
+    mismatches = sorted(k for k in sums.keys() | baseline.keys() if sums.get(k) != baseline.get(k))
+    return json_response({"match": not mismatches, "mismatches": mismatches})
+
+
+def checksums(model: torch.nn.Module) -> dict[str, str]:
+    """vLLM's rule: SHA-256 of each parameter's raw bytes, by name (a tied weight once)."""
+    return {
+        name: hashlib.sha256(
+            weight.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        ).hexdigest()
+        for name, weight in model.named_parameters()
+    }

@@ -23,6 +23,8 @@ class EngineSlot:
     started: float = 0.0
     weights_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by a weight update from reading the files to the swap: one at a time."""
+    paused: bool = False
+    """Paused through vLLM's `/pause` until `/resume` (engine/control.py)."""
 
 
 SLOT = web.AppKey("slot", EngineSlot)

@@ -35,8 +35,8 @@ def lists(arrays: Sequence[npt.NDArray[Any]], type_: pa.ListType) -> pa.Array:
 
 
 def column(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
-    """`pa.array(values, type=type_)` for numbers, booleans, strings, bytes and lists of them;
-    None is null."""
+    """`pa.array(values, type=type_)` for numbers, booleans, strings, bytes, structs (dicts) and
+    lists of them; None is null."""
     n = len(values)
     valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
     nulls = n - int(np.count_nonzero(valid))
@@ -48,6 +48,13 @@ def column(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
         child = column([x for v in values if v is not None for x in v], type_.value_type)
         buffers = [validity, pa.py_buffer(offsets)]
         return pa.Array.from_buffers(type_, n, buffers, null_count=nulls, children=[child])
+    if pa.types.is_struct(type_):
+        fields = [type_.field(i) for i in range(type_.num_fields)]
+        children = [
+            column([None if v is None else v[f.name] for v in values], f.type) for f in fields
+        ]
+        mask = None if nulls == 0 else pa.array(~valid)
+        return pa.StructArray.from_arrays(children, fields=fields, mask=mask)
     if pa.types.is_string(type_) or pa.types.is_binary(type_):
         encoded = [b"" if v is None else v.encode() if isinstance(v, str) else v for v in values]
         offsets = np.zeros(n + 1, dtype=np.int32)

@@ -63,6 +63,13 @@ SCHEMA = pa.schema(
         ("rollout_faithfulness", pa.float64()),
         ("call_ids", pa.list_(pa.string())),
         ("weight_versions", pa.list_(pa.string())),
+        # Which version sampled which tokens of response_ids (Trajectory.weight_spans).
+        (
+            "weight_spans",
+            pa.list_(
+                pa.struct([("version", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
+            ),
+        ),
         ("finish_reason", pa.string()),
         ("parent_segment", pa.int32()),
         ("link_kind", pa.string()),
@@ -210,6 +217,7 @@ def _row(t: Trajectory, *, arrays: bool) -> dict[str, Any]:
         "rollout_faithfulness": t.rollout_faithfulness,
         "call_ids": list(t.call_ids),
         "weight_versions": list(t.weight_versions),
+        "weight_spans": [{"version": v, "start": a, "end": b} for v, a, b in t.weight_spans],
         "finish_reason": t.finish_reason,
         "parent_segment": None if link is None else link.parent_segment,
         "link_kind": None if link is None else link.kind.value,

@@ -68,17 +68,18 @@ def make_context(settings: ProxySettings, store: Store) -> ProxyContext:
     }
     handles = Handles(signing_key(settings.secret, store.db.url))
     router = StickyRouter(pool)
+    hold = WeightHold(settings.weight_version)
     ctx = ProxyContext(
         settings=settings,
         store=store,
         rollouts=Rollouts(store, router=router, open_mode=settings.open_mode),
         pool=pool,
         router=router,
-        hold=WeightHold(settings.weight_version),
+        hold=hold,
         metrics=metrics,
         recall=Recall(handles, store, recorded),
         bus=bus_for(store.db.url),
-        recorder=Recorder(store, metrics),
+        recorder=Recorder(store, metrics, hold),
         tokenin=token_in(settings),
         names=ModelNames(settings.model_aliases),
     )

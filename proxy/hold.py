@@ -1,11 +1,12 @@
 """Holding engine calls around weight updates, and the order of the policy versions.
 
 A paused hold makes new calls wait (they are never refused); calls already dispatched either
-run to their end (`drain`) or are aborted by their engine and resumed after the update
+run to their end (`drain`), are aborted by their engine and resumed after the update
 (`abort_resume`: the relay records the partial answer, waits here, and continues it token-in
-on the new weights). `commit` reopens the hold under a new version. Versions are ordered by
-the order they were committed here (`epoch_of`), which is what staleness counts in: a label's
-text says nothing about its age ("10" sorts before "9").
+on the new weights), or are frozen in their engine and go on after it (`in_place`). `commit`
+reopens the hold under a new version. Versions are ordered by the order they were committed
+here (`epoch_of`), which is what staleness counts in: a label's text says nothing about its
+age ("10" sorts before "9").
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class UpdateMode(enum.StrEnum):
     """In-flight calls finish on the old weights; the update waits for them."""
     ABORT_RESUME = "abort_resume"
     """In-flight calls are aborted now and continued on the new weights after the update."""
+    IN_PLACE = "in_place"
+    """In-flight calls are frozen in their engine (vLLM's `keep`, SGLang's `in_place`) and go
+    on sampling on the new weights after the update, with no re-prefill: each answer records
+    which of its tokens were sampled under which version (its weight spans)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class WeightHold:
         """abort_resume updates begun so far: an answer that ends with "abort" after this grew
         since its dispatch was aborted by one, and is resumed."""
         self._epochs: dict[str, int] = {} if weight_version is None else {weight_version: 0}
+        self._digests: dict[str, str] = {}
+        """Version -> the digest of its weights' checksums, where the engines offered them."""
 
     @property
     def paused(self) -> bool:
@@ -142,6 +149,14 @@ class WeightHold:
             return 0
         return self._epochs.get(weight_version, 0)
 
+    def seal(self, weight_version: str, digest: str) -> None:
+        """The engines' checksums of `weight_version` hash to `digest` (store/chain.py)."""
+        self._digests[weight_version] = digest
+
+    def digest_of(self, weight_version: str | None) -> str | None:
+        """The digest of the weights `weight_version` was served with; None where unknown."""
+        return None if weight_version is None else self._digests.get(weight_version)
+
     def history(self) -> list[tuple[str, int]]:
         """(version, epoch) of every version committed here, oldest first."""
         return sorted(self._epochs.items(), key=lambda item: item[1])
@@ -153,6 +168,7 @@ class WeightHold:
             "update": None if self.update is None else self.update.mode.value,
             "weight_version": self.weight_version,
             "history": self.history(),
+            "digests": dict(self._digests),
         }
 
     def adopt(self, snapshot: dict[str, object]) -> None:
@@ -164,6 +180,9 @@ class WeightHold:
             for version, epoch in history:
                 self._epochs[str(version)] = int(epoch)
             self.epoch = max([self.epoch, *self._epochs.values()])
+        digests = snapshot.get("digests")
+        if isinstance(digests, dict):
+            self._digests.update({str(k): str(v) for k, v in digests.items()})
         version = snapshot.get("weight_version")
         self.weight_version = None if version is None else str(version)
         update = snapshot.get("update")

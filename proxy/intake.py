@@ -186,6 +186,11 @@ async def link_retry(taken: Intake) -> None:
     digest = exchange.body_hash
     if digest is None:
         return
+    drawing = taken.state.drawing.get(digest)
+    if drawing is not None and exchange.retry_count > 0:
+        # The call it repeats is still being sampled (proxy/replay/retries.py waits for it).
+        exchange.retries(drawing[0])
+        return
     found = taken.state.bodies.get(digest)
     if found is None and taken.state.calls_before > 0:
         # Calls from before this process (a restarted proxy): the store knows them.

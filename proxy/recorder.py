@@ -6,19 +6,23 @@ from ..analysis.toolparse import kind
 from ..store import CallStatus, RolloutStatus, Store
 from ..store.events import Started
 from ..store.lifecycle import status_of
+from .hold import WeightHold
 from .metrics import ProxyMetrics
 from .rollouts import RolloutState
 from .upstream.exchange import Exchange
 
 
 class Recorder:
-    def __init__(self, store: Store, metrics: ProxyMetrics) -> None:
+    def __init__(self, store: Store, metrics: ProxyMetrics, hold: WeightHold) -> None:
         self._store = store
         self._metrics = metrics
+        self._hold = hold
 
     async def record(self, exchange: Exchange, state: RolloutState) -> None:
         """Make the call durable, then count it against the rollout."""
         record = exchange.to_record()
+        # Which weights served it, sealed into its digest (store/chain.py).
+        record.weights_digest = self._hold.digest_of(record.weight_version)
         receipt = await self._store.append_call(record)
         if record.status is CallStatus.OK:
             state.saw_version(record.weight_version)  # staleness counts from it (staleness.py)

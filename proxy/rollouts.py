@@ -46,6 +46,11 @@ class RolloutState:
     """A re-read from the store is in flight; other requests use this state meanwhile."""
     bodies: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
     """Request body hash -> (call id, status) of this process's recent calls, for retries."""
+    answered_at: dict[str, float] = field(default_factory=dict)
+    """Request body hash -> time.monotonic() its latest call was recorded (kept with bodies)."""
+    drawing: dict[str, tuple[str, asyncio.Future[None]]] = field(default_factory=dict)
+    """Request body hash -> (call id, done) of its call being sampled now: a retry of it waits
+    for its record (proxy/replay/retries.py)."""
     revoked: bool = False
     """The harness ended: every later call is refused."""
     sampling: Sampling | None = None
@@ -77,8 +82,20 @@ class RolloutState:
     def remember_body(self, digest: str, call_id: str, status: str, keep: int = 64) -> None:
         self.bodies[digest] = (call_id, status)
         self.bodies.move_to_end(digest)
+        self.answered_at[digest] = time.monotonic()
         if len(self.bodies) > keep:
-            self.bodies.popitem(last=False)
+            old, _ = self.bodies.popitem(last=False)
+            self.answered_at.pop(old, None)
+        drawn = self.drawing.get(digest)
+        if drawn is not None and drawn[0] == call_id:
+            del self.drawing[digest]
+            if not drawn[1].done():
+                drawn[1].set_result(None)
+
+    def draws(self, digest: str, call_id: str) -> None:
+        """Call `call_id` with this body is being sampled (the first, while another is not)."""
+        if digest not in self.drawing:
+            self.drawing[digest] = (call_id, asyncio.get_running_loop().create_future())
 
 
 def _chosen(meta: dict[str, Any], key: str) -> bool | None:

@@ -19,6 +19,7 @@ from ..store import Store
 from .answers import LIVE, AnswerSource
 from .app import Extension, make_app, make_context
 from .context import ProxyContext, ProxySettings
+from .replay.retries import RetriesServed
 
 log = logging.getLogger("rolltap.proxy")
 _HANDLERS_AT_STOP = 5.0
@@ -36,6 +37,11 @@ class RunningProxy:
     async def stop(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
+        if self.unix_socket:
+            # aiohttp closes the socket but leaves its file; a later start would unlink it, but
+            # until then it names a server that is gone (and a stale file in someone's /tmp).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.unix_socket)
 
 
 async def start_proxy(
@@ -48,6 +54,8 @@ async def start_proxy(
     `extensions` add routes to the TCP app (the rollout service of `serve --runner`); `answers`:
     where calls' answers come from (proxy/answers.py: the engine, or a cassette)."""
     ctx = make_context(settings, store)
+    # A harness's retry gets the answer its first call got, not a new draw (replay/retries.py).
+    answers = RetriesServed(answers)
     app = make_app(ctx, extensions=extensions, answers=answers)
     # A client that hangs up cancels its handler, which aborts the engine request (relay.py).
     runner = web.AppRunner(

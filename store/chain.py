@@ -44,8 +44,13 @@ ensure_ascii=False)`: keys sorted, no whitespace, non-ASCII characters kept as U
 1. `id`, `rollout_id`, `dialect`, `purpose`, `model`, `backend`, `status`, `http_status`,
    `error`, `stream`, `capture`, `received_at`, `dispatched_at`, `first_token_at`,
    `finished_at`, `weight_version`, `finish_reason`, `usage`, `retry_count`, `body_hash`,
-   `retry_of`, `prompt_tokens`, `completion_tokens`, `n_choices`, `resumes`, `bridge`, and
-   `tool_parse` only when it is not None (records from before it keep their digests);
+   `retry_of`, `prompt_tokens`, `completion_tokens`, `n_choices`, `resumes`, `bridge`,
+   `tool_parse` only when it is not None (records from before it keep their digests), and
+   `weight_spans` only when it is not None, after the bytes `weight_spans` (which versions
+   sampled which tokens of an answer across an in_place update: the record of which weights
+   served it is sealed with it), and `weights_digest` likewise, after the bytes
+   `weights_digest` (the digest of the engines' checksums of the weights its version was
+   served with, `checksums_digest`);
 2. the full prompt token ids as bytes (int32 little-endian, `b""` when the call has none): the
    prompt as sent, not its stored delta (`prompt_parent_id`, `prompt_shared`, `prompt_suffix`
    are a storage encoding and are covered through the rebuilt prompt);
@@ -99,6 +104,8 @@ CALL_FIELDS = (
 CHOICE_FIELDS = ("idx", "finish_reason", "n_tokens", "token_ids", "logprobs")
 
 _CALL_TAG = b"rolltap.call.v1\n"
+_WEIGHT_SPANS = b"weight_spans"
+_WEIGHTS_DIGEST = b"weights_digest"
 _LINK_TAG = b"rolltap.link.v1\n"
 _FLAGS_TAG = b"rolltap.flags.v1\n"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -132,6 +139,12 @@ def encode(value: Any) -> bytes:
     raise TypeError(f"no canonical encoding for {type(value).__name__}")
 
 
+def checksums_digest(checksums: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of per-parameter weight checksums (name -> checksum), as canonical JSON."""
+    canonical = json.dumps(checksums, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def body_digest(body: bytes | None) -> bytes | None:
     return None if body is None else hashlib.sha256(body).digest()
 
@@ -147,6 +160,10 @@ def call_digest(
     parts.extend(encode(call[name]) for name in CALL_FIELDS)
     if call.get("tool_parse") is not None:
         parts.append(encode(call["tool_parse"]))
+    if call.get("weight_spans") is not None:
+        parts.append(_WEIGHT_SPANS + encode(call["weight_spans"]))
+    if call.get("weights_digest") is not None:
+        parts.append(_WEIGHTS_DIGEST + encode(call["weights_digest"]))
     parts.append(encode(prompt))
     for choice in sorted(choices, key=lambda c: int(c["idx"])):
         parts.extend(encode(choice[name]) for name in CHOICE_FIELDS)

@@ -165,6 +165,14 @@ class Call(Base):
     """Whether the answer's tool calls parsed, where rolltap (token-in) or its built-in engine
     parsed them: `ok`, `malformed: <reason>` or `none` (analysis/toolparse.py). None: nothing
     said (vLLM's and SGLang's own parsers, a call without tools)."""
+    weight_spans: Mapped[dict[str, Any] | None]
+    """An answer sampled across an in_place weight update: choice -> [[version, start, end],
+    ...] over its sampled tokens (store/records.py WeightSpans). None: one version sampled it
+    all, the call's `weight_version`."""
+    weights_digest: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 (hex) of the per-parameter checksums of the weights its version was served
+    with, where the engines offer them (`weight_checksum`, vLLM's /weight_checker): sealed into
+    the call's digest, so the chain says which weights served it."""
     """The call whose answer this one continues: its engine aborted it for a weight update and
     the proxy sent the prompt plus the partial answer back, token-in, on the new weights."""
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
@@ -398,8 +406,44 @@ class BatchMetrics(Base):
     )
 
 
+class WeightChecksum(Base):
+    """The per-parameter checksums one engine reported for one weight version, read at the
+    commit that put the version in (proxy/control/weights.py)."""
+
+    __tablename__ = "weight_checksum"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    weight_version: Mapped[str] = mapped_column(String(100))
+    backend: Mapped[str] = mapped_column(String(300))
+    recorded_at: Mapped[datetime]
+    checksums: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Parameter name -> the engine's checksum of it. Their digest is always computed from
+    them (store/weights.py), never stored beside them: an auditor must not trust a copy."""
+
+    __table_args__ = (Index(None, "weight_version", "recorded_at"),)
+
+
+class BatchLease(Base):
+    """Which process runs a batch now (runner/lease.py): one row per batch being run, its
+    heartbeat renewed while it runs, taken over once its holder is gone, deleted at its end."""
+
+    __tablename__ = "batch_lease"
+
+    batch_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    token: Mapped[str] = mapped_column(String(40))
+    """The holder's own: it keys that run's sandboxes (a sweep after it is gone finds them)."""
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    process_start: Mapped[str] = mapped_column(String(40))
+    """When the holder's process started, as its host reports it: a reused pid is not it."""
+    acquired_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
+
+
 segment_break_table = cast(Table, SegmentBreak.__table__)
 lineage_turn_table = cast(Table, LineageTurn.__table__)
 egress_request_table = cast(Table, EgressRequest.__table__)
 rollout_faithfulness_table = cast(Table, RolloutFaithfulness.__table__)
 batch_metrics_table = cast(Table, BatchMetrics.__table__)
+weight_checksum_table = cast(Table, WeightChecksum.__table__)
+batch_lease_table = cast(Table, BatchLease.__table__)

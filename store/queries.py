@@ -213,6 +213,8 @@ def _call_view(row: Row[Any]) -> CallView:
         resumes=m["resumes"],
         bridge=m["bridge"],
         tool_parse=m["tool_parse"],
+        weight_spans=m["weight_spans"],
+        weights_digest=m["weights_digest"],
         digest=m["digest"],
         hash=m["hash"],
     )

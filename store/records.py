@@ -37,6 +37,13 @@ class CreatedRollout:
     """The secret key: shown once, stored only as a hash."""
 
 
+WeightSpans = dict[str, list[list[Any]]]
+"""Which weights sampled which tokens of an answer that spans a weight update (in_place): choice
+index (as text) -> [[version, start, end], ...] over its sampled tokens, [start, end) contiguous
+and in order, as the engine reported them (vLLM's `weight_versions`). Stored only when an answer
+has more than one version; otherwise the call's `weight_version` covers every token."""
+
+
 @dataclass(frozen=True)
 class ChoiceRecord:
     index: int
@@ -97,6 +104,11 @@ class CallRecord:
     tool_parse: str | None = None
     """Whether the answer's tool calls parsed, where rolltap or its engine parsed them: `ok`,
     `malformed: <reason>` or `none` (analysis/toolparse.py); None where nothing said."""
+    weight_spans: WeightSpans | None = None
+    """An answer sampled across a weight update: which version sampled which tokens."""
+    weights_digest: str | None = None
+    """The digest of the checksums of the weights its version was served with, where the
+    engines offer checksums (store/models.py WeightChecksum); sealed into its digest."""
     lineage: LineageMark | None = None
     """Token-in mode: what lets another proxy process continue this call's conversation."""
     prompt_ids: IdArray | None = None
@@ -222,6 +234,10 @@ class CallView:
     """Token-in mode: `bridged` or the fallback's reason code (see CallRecord.bridge)."""
     tool_parse: str | None = None
     """`ok`, `malformed: <reason>` or `none` (see CallRecord.tool_parse)."""
+    weight_spans: WeightSpans | None = None
+    """Which version sampled which tokens, for an answer that spans an update (CallRecord)."""
+    weights_digest: str | None = None
+    """The digest of its version's weight checksums (CallRecord.weights_digest)."""
     digest: str | None = None
     """SHA-256 of the record's canonical encoding (store/chain.py)."""
     hash: str | None = None
@@ -257,6 +273,8 @@ class CallView:
             "n_choices": self.n_choices,
             "bridge": self.bridge,
             "tool_parse": self.tool_parse,
+            "weight_spans": self.weight_spans,
+            "weights_digest": self.weights_digest,
             "digest": self.digest,
             "hash": self.hash,
         }

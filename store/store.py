@@ -10,7 +10,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from . import egress, events, lifecycle, migrate, queries, routed, training
+from . import egress, events, leases, lifecycle, migrate, queries, routed, training, weights
 from .database import Database, open_database, unavailable
 from .errors import InvalidTokens, ReadOnly
 from .filters import FilterKeywords, RolloutFilter
@@ -214,12 +214,51 @@ class Store:
             Apply(functools.partial(training.insert_metrics, record=record))
         )
 
+    async def record_weight_checksums(self, record: weights.WeightChecksums) -> None:
+        """Store one engine's checksums of a weight version (store/weights.py); durable on
+        return."""
+        await self._writes().submit(
+            Apply(functools.partial(weights.insert_checksums, record=record))
+        )
+
+    async def take_lease(
+        self, batch_id: str, holder: leases.Holder, gone: Callable[[leases.Lease], bool]
+    ) -> leases.Taken:
+        """Take the batch's lease for `holder` (store/leases.py `take`); durable on return."""
+        taken: leases.Taken = await self._writes().submit(
+            Apply(
+                functools.partial(
+                    leases.take,
+                    batch_id=batch_id,
+                    holder=holder,
+                    now=datetime.now(UTC),
+                    gone=gone,
+                )
+            )
+        )
+        return taken
+
+    async def beat_lease(self, batch_id: str, token: str) -> bool:
+        """Renew the holder's heartbeat; false when the lease is no longer its own."""
+        fn = functools.partial(leases.beat, batch_id=batch_id, token=token, now=datetime.now(UTC))
+        held: bool = await self._writes().submit(Apply(fn))
+        return held
+
+    async def release_lease(self, batch_id: str, token: str) -> None:
+        await self._writes().submit(
+            Apply(functools.partial(leases.release, batch_id=batch_id, token=token))
+        )
+
     def forget(self, rollout_id: str) -> None:
         """Release the writer's cached state of a rollout that will get no more calls."""
         if self._writer is not None:
             self._writer.forget(rollout_id)
 
     # --- reads ------------------------------------------------------------------------------
+
+    async def lease(self, batch_id: str) -> leases.Lease | None:
+        """Who runs the batch now, as the store last heard (None: nobody)."""
+        return await self.db.read(leases.lease_of, batch_id)
 
     async def rollout(self, rollout_id: str) -> RolloutView:
         return await self.db.read(queries.rollout, rollout_id)
@@ -235,6 +274,12 @@ class Store:
         """Unfinished rollouts outside any batch with no call for `idle_seconds` (queries.py)."""
         cutoff = datetime.now(UTC) - timedelta(seconds=idle_seconds)
         return await self.db.read(queries.idle_unbatched, cutoff)
+
+    async def weight_checksums(
+        self, weight_version: str | None = None
+    ) -> list[weights.WeightChecksums]:
+        """The engines' checksums of `weight_version` (of every version when None)."""
+        return await self.db.read(weights.checksums_of, weight_version)
 
     async def first_weight_version(self, rollout_id: str) -> str | None:
         return await self.db.read(queries.first_weight_version, rollout_id)

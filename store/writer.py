@@ -488,6 +488,8 @@ class GroupCommitWriter:
                 "resumes": record.resumes,
                 "bridge": record.bridge,
                 "tool_parse": record.tool_parse,
+                "weight_spans": record.weight_spans,
+                "weights_digest": record.weights_digest,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "n_choices": len(record.choices),

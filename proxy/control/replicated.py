@@ -32,7 +32,7 @@ from ..context import ProxyContext
 from ..control_bus import Order, Sent, SoloBus
 from ..errors import Conflict
 from ..hold import UpdateInProgress, UpdateMode
-from ..upstream.backends import parse_backend
+from ..upstream.backends import Backend, parse_backend
 from . import engine_control
 
 HELD_WITHIN = 10.0
@@ -93,34 +93,72 @@ async def resume(ctx: ProxyContext, version: str | None) -> None:
 
 
 async def begin(ctx: ProxyContext, mode: UpdateMode, timeout: float) -> dict[str, Any]:
-    """This replica's hold has begun `mode`: stop dispatching on the others too, abort the
-    engines' answers (abort_resume) once every replica expects it, and wait for every
-    replica's calls in flight."""
+    """This replica's hold has begun `mode`: stop dispatching on the others too, then pause
+    every engine in the mode's own way (proxy/control/engine_control.py) once every replica
+    expects it, and, but in_place, wait for every replica's calls in flight."""
     sent = await ctx.bus.publish("begin", {"mode": mode.value, "timeout": timeout})
     held = await ctx.bus.replies(sent, "held", HELD_WITHIN)
-    aborted: list[dict[str, Any]] = []
-    if mode is UpdateMode.ABORT_RESUME:
-        results = await engine_control.abort_all(ctx.client(), ctx.pool.all())
-        aborted = [r.as_dict() for r in results]
-    local = await ctx.hold.drained(timeout)
-    drained = await _drained(ctx, sent, timeout)
-    return {
-        "drained": local and _all(sent, drained),
-        "aborted": aborted,
+    session, backends = ctx.client(), engine_control.controlled(ctx.pool.all())
+
+    async def pause(backend: Backend) -> engine_control.ControlResult | None:
+        route = engine_control.pause_route(backend.kind, mode)
+        return await engine_control.send(session, backend, route, timeout + 5.0)
+
+    if mode is UpdateMode.IN_PLACE:
+        # Nothing drains: the calls in flight stay frozen in their engines through the update.
+        first = await engine_control.each(backends, pause)
+        drained, later = True, []
+    else:
+        first, local, others = await asyncio.gather(
+            engine_control.each(backends, pause),
+            ctx.hold.drained(timeout),
+            _drained(ctx, sent, timeout),
+        )
+        drained = local and _all(sent, others)
+
+        async def once_idle(backend: Backend) -> engine_control.ControlResult | None:
+            if engine_control.pause_route(backend.kind, mode) is not None:
+                return None
+            route = engine_control.drained_pause_route(backend.kind)
+            return await engine_control.send(session, backend, route)
+
+        later = await engine_control.each(backends, once_idle)
+    answer: dict[str, Any] = {
+        "drained": drained,
+        "paused": [r.as_dict() for r in first + later],
         "replicas": _replicas(sent, held),
     }
+    if mode is UpdateMode.ABORT_RESUME:
+        # The engines paused before draining are the ones that aborted (vLLM's mode=abort).
+        answer["aborted"] = [r.as_dict() for r in first]
+    return answer
 
 
-async def commit(ctx: ProxyContext, version: str) -> float:
+async def commit(ctx: ProxyContext, version: str, digest: str | None = None) -> float:
+    """Reopen every replica under `version`, with its weights' digest where one was read."""
+    if digest is not None:
+        ctx.hold.seal(version, digest)
     held = ctx.hold.commit(version)
-    await ctx.bus.publish("commit", {"version": version})
+    await ctx.bus.publish("commit", {"version": version, "digest": digest})
     return held
 
 
-async def cancel(ctx: ProxyContext) -> float:
+async def cancel(ctx: ProxyContext) -> tuple[float, list[engine_control.ControlResult]]:
+    """End the update on the old version: the engines resume, then every replica reopens."""
+    resumed = await resume_engines(ctx)
     held = ctx.hold.cancel()
     await ctx.bus.publish("cancel")
-    return held
+    return held, resumed
+
+
+async def resume_engines(ctx: ProxyContext) -> list[engine_control.ControlResult]:
+    session = ctx.client()
+
+    async def one(backend: Backend) -> engine_control.ControlResult | None:
+        route = engine_control.resume_route(backend.kind)
+        return await engine_control.send(session, backend, route)
+
+    return await engine_control.each(engine_control.controlled(ctx.pool.all()), one)
 
 
 async def add_backend(ctx: ProxyContext, spec: str) -> None:
@@ -150,6 +188,8 @@ async def apply(ctx: ProxyContext, order: Order) -> None:
     elif order.op == "commit":
         version = _version(args)
         if version is not None:
+            if isinstance(args.get("digest"), str):
+                hold.seal(version, args["digest"])
             hold.commit(version)
     elif order.op == "cancel":
         hold.cancel()

@@ -1,22 +1,36 @@
 """Weight updates without a failed call: the /v1/weights routes (they need the admin token).
 
-    POST /v1/weights/begin   {"mode": "drain" | "abort_resume", "timeout": 600, "lease": 900}
+    POST /v1/weights/begin   {"mode": "drain" | "abort_resume" | "in_place", "timeout": 600,
+                              "lease": 900}
     POST /v1/weights/commit  {"version": "13", "model_path": "/ckpt/13", "load_format": "auto"}
+                             {"version": "13", "update_info": {...}}   (the engine's transfer)
+                             {"version": "13"}                         (the trainer pushed)
     POST /v1/weights/cancel  {}
     GET  /v1/weights
 
-`begin` stops dispatching (new calls wait, as a pause does; none is refused). In `drain` mode it
-answers once the calls in flight finished on the old weights (or `timeout` passed: then
-`drained` is false and the trainer decides). In `abort_resume` mode the engines end their
-running requests now; each such call is recorded with what it sampled and its version, then
-continued on the new weights after the commit, and its client sees one uninterrupted answer.
-`commit` optionally loads `model_path` into every backend (`update_weights_from_disk`, with the
-new version as the engines' label), then empties the prefix caches that could still hold K/V of
-the old weights (every SGLang backend; vLLM-dialect ones only with `serve --no-cache-salt`,
-since their calls are otherwise salted per version: proxy/upstream/sampling.py), whether or not
-`model_path` was given: a trainer that pushed the weights itself gets the same guarantee. Then
-it reopens under `version`; if any backend fails to load or to flush, nothing reopens and the
-answer lists each backend's result. `cancel` reopens on the old version.
+`begin` stops dispatching (new calls wait, as a pause does; none is refused) and pauses every
+engine through its own control plane, in the mode's way (proxy/control/engine_control.py). In
+`drain` mode it answers once the calls in flight finished on the old weights (or `timeout`
+passed: then `drained` is false and the trainer decides). In `abort_resume` mode the engines
+end their running requests now; each such call is recorded with what it sampled and its
+version, then continued on the new weights after the commit, and its client sees one
+uninterrupted answer. In `in_place` mode the running requests freeze in their engines and go
+on after the commit on the new weights, with no re-prefill; each answer records which of its
+tokens each version sampled (its weight spans); an engine that cannot freeze them fails the
+begin, naming it, and nothing stays held.
+
+`commit` gives every engine the new weights under `version`: `model_path` is loaded
+(`update_weights_from_disk`, with the version as the engine's label); `update_info` is pushed
+through the engine's own weight transfer (vLLM: start, update, finish with the version;
+SGLang: update_weights_from_distributed), and without either the trainer pushed the weights
+itself and the version is set (`update_weight_version`). Then the prefix caches that could
+still hold K/V of the old weights are emptied (every SGLang backend; vLLM-dialect ones only
+with `serve --no-cache-salt`, since their calls are otherwise salted per version:
+proxy/upstream/sampling.py), the version is read back from every engine (vLLM `/weight_info`,
+SGLang `/model_info`), the engines resume, and the hold reopens under `version`. Any step that
+fails on any engine (a load, a flush, an engine that reports another version) keeps
+dispatching held and the answer's error names the engine; the trainer retries the commit or
+cancels. `cancel` resumes the engines and reopens on the old version.
 With a `lease` (seconds), an update neither committed nor cancelled by then is cancelled, so a
 trainer that dies mid-update does not hold every harness for ever.
 """
@@ -29,9 +43,13 @@ from typing import Any
 
 from aiohttp import web
 
+from ...store.ids import new_id
+from ...store.weights import WeightChecksums, version_digest
 from ..context import CONTEXT, ProxyContext
 from ..errors import BadRequest, Conflict
 from ..hold import UpdateInProgress, UpdateMode, WeightUpdate
+from ..upstream.backends import Backend
+from ..upstream.exchange import now
 from . import engine_control, replicated
 from .admin import read_object, respond
 
@@ -82,6 +100,17 @@ async def begin(request: web.Request) -> web.Response:
     if lease is not None:
         asyncio.get_running_loop().call_later(lease, _expire, ctx, update)
     began = await replicated.begin(ctx, mode, timeout)
+    refused = [p for p in began["paused"] if not p["ok"]]
+    if mode is UpdateMode.IN_PLACE and refused:
+        # A request an engine did not freeze would sample across the update unrecorded.
+        await replicated.cancel(ctx)
+        names = ", ".join(f"{p['backend']} ({p['detail']})" for p in refused)
+        return _failed(
+            f"not every engine froze its requests for an in_place update: {names}; nothing is held",
+            "pause_failed",
+            began["paused"],
+            ctx,
+        )
     return respond({**weights_json(ctx), **began})
 
 
@@ -95,18 +124,29 @@ async def commit(request: web.Request) -> web.Response:
         raise BadRequest(
             f"'version' must be a string of 1 to {MAX_VERSION_CHARS} characters", param="version"
         )
+    update_info = body.get("update_info")
+    if update_info is not None and not isinstance(update_info, dict | list):
+        raise BadRequest("'update_info' must be the engine's JSON object", param="update_info")
+    model_path = body.get("model_path")
+    if model_path is not None and (not isinstance(model_path, str) or not model_path):
+        raise BadRequest("'model_path' must be a path the engines can read", param="model_path")
+    if model_path is not None and update_info is not None:
+        raise BadRequest("give 'model_path' or 'update_info', not both", param="update_info")
+    load_format = body.get("load_format", "auto")
+    if not isinstance(load_format, str):
+        raise BadRequest("'load_format' must be a string", param="load_format")
     if ctx.hold.update is None:
         raise Conflict(
             "no weight update is under way: POST /v1/weights/begin first", code="no_update"
         )
-    loaded: list[dict[str, Any]] = []
-    model_path = body.get("model_path")
+    session, backends = ctx.client(), engine_control.controlled(ctx.pool.all())
+    steps: list[dict[str, Any]] = []
+
+    def held(message: str, code: str, results: list[engine_control.ControlResult]) -> web.Response:
+        failed = "; ".join(f"{r.backend}: {r.detail}" for r in results if not r.ok)
+        return _failed(f"{message}: {failed}; dispatching stays held", code, steps, ctx)
+
     if model_path is not None:
-        if not isinstance(model_path, str) or not model_path:
-            raise BadRequest("'model_path' must be a path the engines can read", param="model_path")
-        load_format = body.get("load_format", "auto")
-        if not isinstance(load_format, str):
-            raise BadRequest("'load_format' must be a string", param="load_format")
         order = {
             "model_path": model_path,
             "load_format": load_format,
@@ -114,40 +154,78 @@ async def commit(request: web.Request) -> web.Response:
             "abort_all_requests": ctx.hold.aborting,
             "flush_cache": True,
         }
-        results = await engine_control.load_weights(ctx.client(), ctx.pool.all(), order)
-        loaded = [r.as_dict() for r in results]
-        if not all(r.ok for r in results):
+        loaded = await engine_control.load_weights(session, ctx.pool.all(), order)
+        steps += [r.as_dict() for r in loaded]
+        if not all(r.ok for r in loaded):
             # Some engine may hold the new weights and some the old: nothing reopens.
-            error = {
-                "message": "not every backend loaded the weights; dispatching stays held",
-                "type": "upstream_error",
-                "param": "model_path",
-                "code": "weight_load_failed",
-            }
-            return respond({"error": error, "backends": loaded}, status=502)
+            return held("not every backend loaded the weights", "weight_load_failed", loaded)
+    else:
+
+        async def label(backend: Backend) -> engine_control.ControlResult | None:
+            routes = engine_control.version_routes(backend.kind, version, update_info)
+            return await engine_control.send_all(session, backend, routes)
+
+        labelled = await engine_control.each(backends, label)
+        steps += [r.as_dict() for r in labelled]
+        if not all(r.ok for r in labelled):
+            code = "weight_update_failed" if update_info is not None else "weight_version_failed"
+            return held("not every engine took the new weights' version", code, labelled)
+    frozen = ctx.hold.update is not None and ctx.hold.update.mode is UpdateMode.IN_PLACE
     flushed = await engine_control.flush_prefix_caches(
-        ctx.client(), ctx.pool.all(), salted=ctx.settings.cache_salt
+        session, ctx.pool.all(), salted=ctx.settings.cache_salt, frozen=frozen
     )
-    loaded += [r.as_dict() for r in flushed]
+    steps += [r.as_dict() for r in flushed]
     if not all(r.ok for r in flushed):
         # Reopening now would let calls read K/V of the old weights.
-        unflushed = {
-            "message": "not every backend emptied its prefix cache; dispatching stays held",
-            "type": "upstream_error",
-            "param": None,
-            "code": "cache_flush_failed",
-        }
-        return respond({"error": unflushed, "backends": loaded}, status=502)
-    held = await replicated.commit(ctx, version)
-    return respond({**weights_json(ctx), "held_seconds": held, "backends": loaded})
+        return held("not every backend emptied its prefix cache", "cache_flush_failed", flushed)
+    read = await engine_control.each(
+        backends, lambda b: engine_control.read_version(session, b, version)
+    )
+    steps += [r.as_dict() for r in read]
+    if not all(r.ok for r in read):
+        # Calls stamped `version` would have been sampled by other weights.
+        return held("an engine serves another weight version", "weight_version_mismatch", read)
+    sums = await engine_control.each(backends, lambda b: engine_control.read_checksums(session, b))
+    steps += [r.as_dict() for r in sums]
+    digest = await _record_checksums(ctx, version, [r for r in sums if r.ok])
+    resumed = await replicated.resume_engines(ctx)
+    steps += [r.as_dict() for r in resumed]
+    if not all(r.ok for r in resumed):
+        return held("not every engine resumed", "resume_failed", resumed)
+    held_for = await replicated.commit(ctx, version, digest)
+    answer = {**weights_json(ctx), "held_seconds": held_for, "backends": steps}
+    return respond({**answer, "weights_digest": digest})
 
 
 async def cancel(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     if ctx.hold.update is None:
         raise Conflict("no weight update is under way", code="no_update")
-    held = await replicated.cancel(ctx)
-    return respond({**weights_json(ctx), "held_seconds": held})
+    held, resumed = await replicated.cancel(ctx)
+    return respond(
+        {**weights_json(ctx), "held_seconds": held, "backends": [r.as_dict() for r in resumed]}
+    )
+
+
+async def _record_checksums(
+    ctx: ProxyContext, version: str, read: list[engine_control.ControlResult]
+) -> str | None:
+    """Store each engine's checksums of `version`; returns the digest calls under it are sealed
+    with (store/weights.py `version_digest`), None when no engine offers checksums."""
+    digests = []
+    for result in read:
+        sums = {str(k): str(v) for k, v in result.value.items()}
+        record = WeightChecksums(new_id(), version, result.backend, now(), sums)
+        digests.append(record.digest)
+        await ctx.store.record_weight_checksums(record)
+    return version_digest(digests) if digests else None
+
+
+def _failed(
+    message: str, code: str, backends: list[dict[str, Any]], ctx: ProxyContext
+) -> web.Response:
+    error = {"message": message, "type": "upstream_error", "param": None, "code": code}
+    return respond({**weights_json(ctx), "error": error, "backends": backends}, status=502)
 
 
 def _mode(value: object) -> UpdateMode:

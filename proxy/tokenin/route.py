@@ -12,6 +12,7 @@ route's
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ...chatformat.parse import AnswerParser, CallDelta, Delta, thinking_of
@@ -83,6 +84,8 @@ class TokenInRoute:
         body["prompt"] = self.prompt_ids
         body["logprobs"] = self._top
         body["return_token_ids"] = True
+        body["return_weight_versions"] = True  # an in_place update's spans (upstream/engines.py)
+        extras = dataclasses.replace(extras, weight_versions=True)
         # Completions default to 16 tokens; null is the chat route's default (what is left).
         body["max_tokens"] = limit if isinstance(limit, int) else None
         if stream:

@@ -196,6 +196,9 @@ class EngineCall:
             # Dispatched now, under the hold's current version (relay.py entered it).
             salt = cache_salt(self._exchange.weight_version, body.get("cache_salt"))
             body = {**body, "cache_salt": salt}
+        elif body.get("cache_salt") == "":
+            # An empty salt means none, and vLLM's Rust frontend refuses it (vllm#53218).
+            body = {k: v for k, v in body.items() if k != "cache_salt"}
         if self._route is not None:
             prepared = self._route.prepare(body, kind)
         else:

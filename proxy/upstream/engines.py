@@ -35,6 +35,8 @@ class Extras:
     """SGLang's per-choice meta_info (asked for its ids)."""
     routed_experts: bool = False
     """Routed experts (proxy/upstream/routed.py): vLLM's per choice, SGLang's `sglext`."""
+    weight_versions: bool = False
+    """vLLM's per-choice `weight_versions` spans (which weights sampled which tokens)."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,14 @@ def prepare_chat(body: dict[str, Any], kind: EngineKind) -> Prepared:
         engine["stream_options"] = {**(options or {}), "include_usage": True}
     if kind is EngineKind.VLLM:
         engine["return_token_ids"] = True
-        return Prepared(
-            engine, Extras(token_ids=not asked_ids, logprobs=not asked_logprobs), asked_usage
+        # Which weights sampled which tokens: an answer frozen across an in_place update has
+        # two versions, which only the engine can place exactly.
+        asked_spans = body.get("return_weight_versions") is True
+        engine["return_weight_versions"] = True
+        extras = Extras(
+            token_ids=not asked_ids, logprobs=not asked_logprobs, weight_versions=not asked_spans
         )
+        return Prepared(engine, extras, asked_usage)
     if stream:
         engine["return_input_ids_in_sglext"] = True
         engine["return_output_ids_in_sglext"] = True
@@ -101,6 +108,9 @@ class ChoiceCapture:
     logprobs: list[float] = field(default_factory=list)
     has_ids: bool = False
     finish_reason: str | None = None
+    weight_spans: list[list[Any]] = field(default_factory=list)
+    """[[version, start, end], ...] over its sampled tokens, as vLLM's `weight_versions` gave
+    them (on a stream's last chunk: they cover the whole answer)."""
 
 
 @dataclass
@@ -163,9 +173,12 @@ def capture_response(doc: dict[str, Any], captured: Captured) -> None:
             c.finish_reason = choice["finish_reason"]
         if isinstance(choice.get("tool_parse"), str) and captured.tool_parse is None:
             captured.tool_parse = choice["tool_parse"]
-        version = _last_version(choice.get("weight_versions"))
+        spans = choice.get("weight_versions")
+        version = _last_version(spans)
         if version is not None:
             captured.weight_version = version
+        if isinstance(spans, list) and spans and isinstance(spans[0], dict):
+            c.weight_spans = [[str(s["version"]), int(s["start"]), int(s["end"])] for s in spans]
         meta = choice.get("meta_info")
         if isinstance(meta, dict) and meta.get("weight_version") is not None:
             captured.weight_version = str(meta["weight_version"])

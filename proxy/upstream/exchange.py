@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from ...store import CallDialect, CallRecord, CallStatus, Capture, ChoiceRecord, InvalidTokens
 from ...store.ids import body_hash, new_id
 from ...store.packing import id_list, logprob_list
-from ...store.records import LineageMark
+from ...store.records import LineageMark, WeightSpans
 from ..errors import ProxyError
 from . import routed
 from .engines import Captured
@@ -299,6 +299,7 @@ class Exchange:
             resumes=self.resumes,
             bridge=self.bridge,
             tool_parse=captured.tool_parse,
+            weight_spans=_spans(captured),
             lineage=self.lineage,
             prompt_ids=prompt,
             choices=choices,
@@ -387,3 +388,13 @@ def _routed_source(captured: Captured) -> str | None:
     if not captured.routing:
         return None
     return next(iter(captured.routing.values())).source.value
+
+
+def _spans(captured: Captured) -> WeightSpans | None:
+    """The choices sampled by more than one version, with their spans (store/records.py)."""
+    spans = {
+        str(index): c.weight_spans
+        for index, c in sorted(captured.choices.items())
+        if len({span[0] for span in c.weight_spans}) > 1
+    }
+    return spans or None

@@ -242,4 +242,5 @@ def trajectory_row(t: Trajectory) -> wire.Row:
         "turns": [turn.as_dict() for turn in t.turns],
         "link": None if t.link is None else t.link.as_dict(),
         "routed_experts": t.routed_experts,
+        "weight_spans": [list(span) for span in t.weight_spans],
     }

@@ -71,6 +71,8 @@ CALL_FIELDS = [
     "n_choices",
     "bridge",
     "tool_parse",
+    "weight_spans",
+    "weights_digest",
     "digest",
     "hash",
 ]

@@ -4,6 +4,7 @@ wheel that is missing, or whose modules do not import here, skips with the reaso
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -11,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract import engines
+from tests.contract import engines, harmony_vocab
 from tests.support.proxy import OpenAIFactory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--write-generated",
+        action="store_true",
+        help="test_parser_properties.py: write generated_differences.json, do not check it",
+    )
 
 
 def pytest_report_header() -> str:
@@ -50,6 +59,21 @@ def sglang() -> engines.SGLang:
     return loaded
 
 
+@pytest.fixture(scope="session")
+def vllm_parsers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """vLLM's parsers import here (.ci/setup-contract), and gpt-oss's vocabulary is found."""
+    for module in ("vllm.parser.parser_manager", "vllm.tool_parsers", "vllm.reasoning"):
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            pytest.skip(f"{module} does not import: run .ci/setup-contract")
+    reason = harmony_vocab.install(tmp_path_factory.mktemp("o200k"))
+    if reason is not None:
+        pytest.skip(f"gpt-oss's Harmony encoding: {reason}")
+
+
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'store.sqlite'}"
@@ -65,7 +89,18 @@ async def sdk() -> AsyncIterator[OpenAIFactory]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.contract.test_parser_properties import TALLIES
     from tests.contract.test_requests import JUDGED
+
+    tallies = terminalreporter.config.stash.get(TALLIES, {})
+    if tallies:
+        terminalreporter.section("generated answers judged against vLLM's parsers")
+        for name, (judged, differing, hits) in sorted(tallies.items()):
+            classes = ", ".join(f"{key} {n}" for key, n in sorted(hits.items())) or "none"
+            terminalreporter.write_line(
+                f"{name:30} {judged:3} texts, {differing:3} read differently; "
+                f"readings per reason: {classes}"
+            )
 
     judged = terminalreporter.config.stash.get(JUDGED, {})
     if judged:

@@ -184,6 +184,24 @@ def _mistral_draw(rng: random.Random) -> str:
     return text
 
 
+def mistral_v11_call(rng: random.Random, name: str, args: Args) -> str:
+    return f"[TOOL_CALLS]{name}[ARGS]{_dumps(rng, args)}"
+
+
+def _mistral_v11_draw(rng: random.Random) -> str:
+    before = rng.choice(CONTENT)
+    text = before + "".join(mistral_v11_call(rng, n, a) for n, a in _calls(rng))
+    roll = rng.random()
+    if roll < 0.2:
+        return _cut(rng, text, len(before))
+    if roll < 0.3:
+        return rng.choice(CONTENT[1:])
+    if roll < 0.4:
+        at = rng.randrange(len(before), len(text))
+        return text[:at] + rng.choice(["}", '"', ",", ""]) + text[at + 1 :]
+    return text
+
+
 def _kimi_draw(rng: random.Random) -> str:
     calls = [kimi_call(rng, n, a, i) for i, (n, a) in enumerate(_calls(rng))]
     before = rng.choice(CONTENT)
@@ -255,6 +273,51 @@ def _reasoning_draw(opened_by_prompt: bool) -> Callable[[random.Random], str]:
     return draw
 
 
+def _qwen3_tools_draw(
+    write: Callable[[random.Random, str, Args], str],
+) -> Callable[[random.Random], str]:
+    """Qwen3 with tools: a thought (closed, unclosed, opened by the model or by the prompt,
+    or none), then content and calls, sometimes cut at the token limit."""
+
+    def draw(rng: random.Random) -> str:
+        thought = rng.choice(THOUGHTS)
+        shape = rng.choice(["closed", "closed", "opened", "unclosed", "none"])
+        head = {
+            "closed": f"{thought}</think>" + rng.choice(["", "\n\n"]),
+            "opened": f"<think>{thought}</think>\n\n",
+            "unclosed": thought + rng.choice(["", "\n"]),
+            "none": "",
+        }[shape]
+        calls = [write(rng, name, args) for name, args in _calls(rng)]
+        content = rng.choice(CONTENT) if shape != "unclosed" else ""
+        text = head + content + "\n".join(calls) + rng.choice(["", "", "\n", "Done."])
+        roll = rng.random()
+        if roll < 0.2:
+            return _cut(rng, text, len(head))
+        if roll < 0.3:
+            return head + rng.choice(CONTENT[1:])
+        return text
+
+    return draw
+
+
+def _qwen3_tools_hand(call: str) -> list[str]:
+    return [
+        call,
+        "Plan: look it up.\n" + call,
+        "Plan.</think>\n\n" + call,
+        "<think>\nPlan.\n</think>\n\nChecking.\n" + call,
+        "Plan.</think>" + call + "</think>after",
+        "Plan.</think>Answer without calls.",
+        "<think>Plan.</think>" + call + call,
+        "Plan." + call + "</think>",
+        "Thinking about <tool_call> tags</think>done",
+        "Plan.</think>" + call[: len(call) // 2],
+        "Plan.</think>one</think>two",
+        "",
+    ]
+
+
 def _hermes_hand() -> list[str]:
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
     return [
@@ -284,6 +347,8 @@ def _hermes_hand() -> list[str]:
         '<tool_call>\n{"name": "search", "arguments": {"query": "\\u00e9\\ud83d\\ude00 \\/ \\"q\\""}}\n</tool_call>',
         '<tool_call>\n{"name": "get_weather", "arguments": {"days": 1e2, "n": -0.0, "x": 1.50}}\n</tool_call>',
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}} trailing\n</tool_call>',
+        '<tool_call>\n{"name": "noop", "arguments": null}\n</tool_call>',
+        'Hi<tool_call>\n{"name": "noop", "arguments": null }\n</tool_call>' + call,
     ]
 
 
@@ -335,6 +400,8 @@ def _llama3_hand() -> list[str]:
         '  {"name": "noop", "parameters": {}}  ',
         "{",
         '{"name": "get_weather", "parameters": {"city": "Paris"}};',
+        '{"name": "noop", "parameters": null}',
+        '{"name": "noop", "parameters": null}; {"name": "get_weather", "parameters": {"city": "Paris"}}',
     ]
 
 
@@ -351,6 +418,33 @@ def _mistral_hand() -> list[str]:
         "[TOOL_CALLS]not json",
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}] trailing',
         '[TOOL_CALLS][{"arguments": {"city": "Paris"}}]',
+        '[TOOL_CALLS][{"name": "noop", "arguments": null}]',
+    ]
+
+
+def _mistral_v11_hand() -> list[str]:
+    one = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}'
+    return [
+        "No calls here.",
+        one,
+        "Sure." + one,
+        one + "[TOOL_CALLS]noop[ARGS]{}",
+        one + " trailing",
+        one + "]",
+        one + "\n",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Par',
+        "[TOOL_CALLS]get_weather[ARGS]",
+        "[TOOL_CALLS]get_weather",
+        '[TOOL_CALLS]get_weather{"city": "Paris"}',
+        "[TOOL_CALLS]noop[ARGS]null",
+        '[TOOL_CALLS] get_weather [ARGS] {"city": "Paris"}',
+        '[TOOL_CALLS][ARGS]{"city": "Paris"}',
+        "[TOOL_CALLS]get_weather[ARGS][1, 2]",
+        '[TOOL_CALLS]get_weather[ARGS]"{\\"city\\": \\"Paris\\"}"',
+        '[TOOL_CALLS]run[ARGS]{"command": "cat <<\'EOF\' > a.txt\\nhi \\"there\\"\\nEOF\\n"}',
+        "[TOOL_CALLS]",
+        "[TOOL_CALLS]not a call",
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
     ]
 
 
@@ -386,6 +480,9 @@ def _kimi_hand() -> list[str]:
         + '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": }<|tool_call_end|>'
         + e,
         b + one + e + " after",
+        b
+        + "<|tool_call_begin|>functions.noop:0<|tool_call_argument_begin|>null<|tool_call_end|>"
+        + e,
     ]
 
 
@@ -400,6 +497,7 @@ def _v31_hand() -> list[str]:
         b + '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Par',
         b + '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": }<｜tool▁call▁end｜>' + e,
         b + one + e + " after",
+        b + "<｜tool▁call▁begin｜>noop<｜tool▁sep｜>null<｜tool▁call▁end｜>" + e,
     ]
 
 
@@ -430,6 +528,12 @@ def _qwen3_reasoning_hand() -> list[str]:
         "<think>one</think>two</think>three",
         "<think>nested <think>inner</think> outer</think> end",
         "",
+        # An answer that is only a call: vLLM's qwen3 ends reasoning at <tool_call>.
+        '<tool_call>\n{"name": "run", "arguments": {"command": "ls"}}\n</tool_call>',
+        'Plan: list the files.\n<tool_call>\n{"name": "run", "arguments": {"command": "ls"}}\n</tool_call>',
+        '<think>\nPlan.\n</think>\n\n<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>',
+        'Unclosed <tool_call>\n{"name": "run", "arguments": {"command": "ls"}}\n</tool_call></think>after',
+        "Talking about <tool_ tags",
     ]
 
 
@@ -451,11 +555,24 @@ PARSERS: dict[str, tuple[Callable[[], list[str]], Callable[[random.Random], str]
     "qwen3_coder": (_qwen3_coder_hand, _tagged(qwen3_coder_call)),
     "llama3_json": (_llama3_hand, _llama3_draw),
     "mistral": (_mistral_hand, _mistral_draw),
+    # Tokenizer v11 and later (an [ARGS] token): NAME[ARGS]{...} after each [TOOL_CALLS].
+    "mistral_v11": (_mistral_v11_hand, _mistral_v11_draw),
     "glm45": (_glm45_hand, _tagged(glm45_call)),
     "kimi_k2": (_kimi_hand, _kimi_draw),
     "deepseek_v31": (_v31_hand, _v31_draw),
     "openai": (_harmony_hand, _harmony_draw),
     "reasoning-qwen3": (_qwen3_reasoning_hand, _reasoning_draw(False)),
+    # Qwen3's reasoning and its calls in one answer: --reasoning-parser qwen3 with a tool parser.
+    "qwen3-hermes": (
+        lambda: _qwen3_tools_hand(hermes_call(random.Random(0), "get_weather", {"city": "Paris"})),
+        _qwen3_tools_draw(hermes_call),
+    ),
+    "qwen3-xml": (
+        lambda: _qwen3_tools_hand(
+            qwen3_coder_call(random.Random(0), "get_weather", {"city": "Paris"})
+        ),
+        _qwen3_tools_draw(qwen3_coder_call),
+    ),
     "reasoning-deepseek_r1": (_r1_reasoning_hand, _reasoning_draw(True)),
 }
 

@@ -109,10 +109,17 @@ SUITES = {
         Suite("qwen3_xml", "qwen3_coder", "qwen3_xml", None, "qwen3_xml"),
         Suite("llama3_json", "llama3_json", "llama3_json", None, "llama3_json"),
         Suite("mistral", "mistral", "mistral", None, "mistral"),
+        # A tokenizer with [ARGS] is v11 to vLLM's mistral parser (`_is_pre_v11_tokeniser`).
+        Suite("mistral_v11", "mistral_v11", "mistral", None, "mistral_v11"),
         Suite("glm45", "glm45", "glm45", None, "glm45"),
         Suite("kimi_k2", "kimi_k2", "kimi_k2", None, "kimi_k2"),
         Suite("deepseek_v31", "deepseek_v31", "deepseek_v31", None, "deepseek_v31"),
         Suite("reasoning-qwen3", "reasoning-qwen3", None, "qwen3", "qwen3"),
+        # Thinking off reads only `enable_thinking` in vLLM's qwen3; `thinking` is not its key.
+        Suite("reasoning-qwen3-off", "reasoning-qwen3", None, "qwen3", "qwen3",
+              template_kwargs=(("enable_thinking", False),)),
+        Suite("reasoning-qwen3-thinking-key", "reasoning-qwen3", None, "qwen3", "qwen3",
+              template_kwargs=(("thinking", False),)),
         Suite(
             "reasoning-deepseek_r1",
             "reasoning-deepseek_r1",
@@ -121,6 +128,13 @@ SUITES = {
             "deepseek_r1",
             prompt="<|im_start|>assistant\n<think>\n",
         ),
+        # Qwen3's reasoning parser and a tool parser, chained as vLLM's chat route chains them.
+        Suite("reasoning-qwen3+hermes", "qwen3-hermes", "hermes", "qwen3", "qwen3_tools"),
+        Suite("reasoning-qwen3+qwen3_xml", "qwen3-xml", "qwen3_xml", "qwen3", "qwen3_tools"),
+        Suite("reasoning-qwen3+hermes-off", "qwen3-hermes", "hermes", "qwen3", "qwen3_tools",
+              template_kwargs=(("enable_thinking", False),)),
+        Suite("reasoning-qwen3+qwen3_xml-off", "qwen3-xml", "qwen3_xml", "qwen3", "qwen3_tools",
+              template_kwargs=(("enable_thinking", False),)),
         # DeepSeek-V3.1 thinks only when asked (`thinking: true`), then as R1; else all content.
         Suite(
             "reasoning-deepseek_v3",
@@ -252,7 +266,8 @@ def rolltap_outcome(suite: Suite, text: str) -> str:
         parser = AnswerParser(suite.reasoning, suite.tool, TOOLS, stream=False)
         parser.push("", vllm_parsing.harmony_ids(text))
     else:
-        parser = AnswerParser(suite.reasoning, suite.tool, TOOLS, stream=False)
+        thinking = thinking_of(dict(suite.template_kwargs))
+        parser = AnswerParser(suite.reasoning, suite.tool, TOOLS, stream=False, thinking=thinking)
         parser.push(text)
     parser.finish()
     return parser.tool_parse or "none"

@@ -8,32 +8,16 @@ explains fails, and so does an entry whose case no longer differs (the reason we
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.contract import harmony_vocab, parity
+from tests.contract import parity
 
 pytestmark = pytest.mark.contract
 
 DIFFERENCES = Path(__file__).parent / "parser_differences.json"
-
-
-@pytest.fixture(scope="module")
-def vllm_parsers(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """vLLM's parsers import here (.ci/setup-contract), and gpt-oss's vocabulary is found."""
-    for module in ("vllm.parser.parser_manager", "vllm.tool_parsers", "vllm.reasoning"):
-        try:
-            found = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            found = None
-        if found is None:
-            pytest.skip(f"{module} does not import: run .ci/setup-contract")
-    reason = harmony_vocab.install(tmp_path_factory.mktemp("o200k"))
-    if reason is not None:
-        pytest.skip(f"gpt-oss's Harmony encoding: {reason}")
 
 
 def explained(name: str) -> dict[tuple[str, str], str]:

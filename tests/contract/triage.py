@@ -39,6 +39,12 @@ REASONS = {
         "object, which clients parse. vLLM is wrong. rolltap reads a JSON string holding an "
         "object as that object and gives anything else back as content (tool_parse malformed)."
     ),
+    "null_arguments": (
+        "Arguments written as `null`: vLLM passes the text `null` on as `arguments` (its "
+        "mistral parser reads it as `{}`, some of its streams send nothing), which no client "
+        "reads as the JSON object OpenAI's `arguments` is. rolltap reads `null` as no "
+        "arguments, `{}`, whole and streamed alike (chatformat/tools.py NULL_ARGUMENTS)."
+    ),
     "no_name": (
         'A call without a name: vLLM returns a call named "" that no client can dispatch. '
         "vLLM is wrong. rolltap gives the text back as content (tool_parse malformed)."
@@ -65,11 +71,31 @@ REASONS = {
         "content before it and the marker are lost) and streams nothing of it. vLLM is wrong. "
         "rolltap gives the whole text back as content, verbatim (tool_parse malformed)."
     ),
+    "mistral_json_in_v11": (
+        "A JSON list of calls (the format before tokenizer v11) after [TOOL_CALLS] from a "
+        "model whose tokenizer has [ARGS]: vLLM reads it as v11's NAME{...} and makes a call "
+        "named `[` with the list's first object for its arguments. vLLM is wrong: no tool has "
+        "that name. rolltap tells the formats apart by the text and reads the list's calls."
+    ),
+    "qwen3_off_think_end": (
+        "Thinking off (`enable_thinking: false`): vLLM's qwen3 reasoning parser chained with "
+        "qwen3_xml (one engine reads both) drops each `</think>` from the content and keeps "
+        "`<think>`, while its qwen3 alone, or with hermes, gives the answer verbatim. vLLM is "
+        "wrong: text the model wrote is lost, and only one of the two tags. rolltap gives the "
+        "answer verbatim whatever the tool parser, as vLLM's qwen3 alone does."
+    ),
     "vllm_stream": (
         "vLLM's stream of this text does not add up to its own whole answer (content after "
         "the calls sent, or text withheld and never sent, a broken call streamed, <think> "
         "left in the reasoning, calls after the first lost). vLLM is wrong: a client must get "
         "the same answer streamed or not. rolltap's stream adds up to vLLM's whole answer."
+    ),
+    "vllm_chunking": (
+        "vLLM's stream of this text depends on how its tokens fall into deltas: sent one token "
+        "at a time it reads as rolltap's stream does, in runs of several tokens it sends other "
+        "text (spaces before a call dropped, arguments cut short). vLLM is wrong: a client "
+        "must get the same answer however the engine batches its deltas. rolltap's stream "
+        "does not depend on the pieces it is pushed in."
     ),
     "rolltap_stream_break": (
         "Streamed, rolltap opened the call (id and name sent) before the text showed it "
@@ -92,6 +118,10 @@ def _whole_reason(
     mine, vllm = _calls(ours), _calls(theirs)
     if any(name == "" for name, _ in vllm):
         return "no_name"
+    if _null_arguments(mine, vllm):
+        return "null_arguments"
+    if suite.family == "mistral_v11" and any(name.startswith("[") for name, _ in vllm):
+        return "mistral_json_in_v11"
     if suite.tool in ("qwen3_coder", "qwen3_xml") and text.count("<function=") > text.count(
         "<tool_call>"
     ):
@@ -109,6 +139,8 @@ def _whole_reason(
         return "all_or_nothing"
     if suite.tool == "mistral" and "[TOOL_CALLS]" in ours["content"]:
         return "mistral_marker"
+    if _think_end_dropped(suite, ours, theirs) and mine == vllm:
+        return "qwen3_off_think_end"
     if len(ours["content"]) > len(theirs["content"]) and mine == vllm:
         return "drops_text"
     if mine != vllm and len(mine) == len(vllm):
@@ -118,7 +150,22 @@ def _whole_reason(
     return None
 
 
-def _settled(answer: parity.Answer) -> parity.Answer:
+def _think_end_dropped(suite: parity.Suite, ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """Thinking off, and vLLM's content is rolltap's without its `</think>`s."""
+    if ("enable_thinking", False) not in suite.template_kwargs or "</think>" not in ours["content"]:
+        return False
+    return bool(ours["content"].replace("</think>", "") == theirs["content"])
+
+
+def _null_arguments(mine: list[list[str]], vllm: list[list[str]]) -> bool:
+    """The calls alike but where vLLM's arguments are `null` (or nothing) and rolltap's `{}`."""
+    if len(mine) != len(vllm) or [n for n, _ in mine] != [n for n, _ in vllm]:
+        return False
+    odd = [(a, b) for (_, a), (_, b) in zip(mine, vllm, strict=True) if a != b]
+    return bool(odd) and all(a == "{}" and b in ("null", "") for a, b in odd)
+
+
+def settled(answer: parity.Answer) -> parity.Answer:
     """An answer's content as a whole answer settles it beside calls (stripped): vLLM's
     streams, like rolltap's, send the spaces a whole answer drops."""
     if not answer.calls:
@@ -134,14 +181,38 @@ def _stream_reason(
     whole: str | None,
 ) -> str | None:
     (ours, theirs), (ours_whole, theirs_whole) = read[mode], read["whole"]
-    if theirs != theirs_whole and _settled(ours) == _settled(theirs_whole):
+    if ours == ours_whole and _null_arguments(
+        [list(c) for c in ours.calls], [list(c) for c in theirs.calls]
+    ):
+        return "null_arguments"
+    if theirs != theirs_whole and settled(ours) == settled(theirs_whole):
         return "vllm_stream"
-    if _settled(ours) == _settled(ours_whole):
+    if mode == "chunks" and ours == read["stream"][1] and ours == read["stream"][0]:
+        return "vllm_chunking"
+    if settled(ours) == settled(ours_whole):
         if whole is not None:
             return whole
-        return "vllm_stream" if _settled(theirs) != _settled(theirs_whole) else None
+        return "vllm_stream" if settled(theirs) != settled(theirs_whole) else None
     malformed = parity.rolltap_outcome(suite, text).startswith("malformed")
     return "rolltap_stream_break" if malformed else None
+
+
+Read = dict[str, tuple[parity.Answer, parity.Answer]]
+"""Each way (parity.MODES) -> (rolltap's answer, vLLM's)."""
+
+
+def reasons(suite: parity.Suite, text: str, read: Read) -> dict[str, str | None]:
+    """Each way rolltap and vLLM read `text` differently -> the key of the reason that
+    explains it (REASONS), None where no rule fits."""
+    whole = None
+    if read["whole"][0] != read["whole"][1]:
+        ours, theirs = (json.loads(a.describe()) for a in read["whole"])
+        whole = _whole_reason(suite, text, ours, theirs)
+    return {
+        mode: whole if mode == "whole" else _stream_reason(suite, text, read, mode, whole)
+        for mode in parity.MODES
+        if read[mode][0] != read[mode][1]
+    }
 
 
 def triage(name: str) -> tuple[dict[str, dict[str, list[str]]], list[str]]:
@@ -150,19 +221,8 @@ def triage(name: str) -> tuple[dict[str, dict[str, list[str]]], list[str]]:
     unexplained: list[str] = []
     for case in parity.cases(suite.corpus):
         read = {m: parity.compare(suite, case, m) for m in parity.MODES}
-        answers = {
-            m: (json.loads(r.describe()), json.loads(v.describe())) for m, (r, v) in read.items()
-        }
-        whole = None
-        if read["whole"][0] != read["whole"][1]:
-            whole = _whole_reason(suite, case["text"], *answers["whole"])
-        for mode in parity.MODES:
+        for mode, reason in reasons(suite, case["text"], read).items():
             ours, theirs = read[mode]
-            if ours == theirs:
-                continue
-            reason = (
-                whole if mode == "whole" else _stream_reason(suite, case["text"], read, mode, whole)
-            )
             if reason is None:
                 unexplained.append(
                     f"{case['id']} {mode}: {case['text']!r}\n  R {ours.describe()}\n"

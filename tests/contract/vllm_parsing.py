@@ -40,6 +40,7 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
         "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<think>", "</think>",
     ],
     "qwen3": ["<think>", "</think>"],
+    "qwen3_tools": ["<think>", "</think>", "<tool_call>", "</tool_call>"],
     "deepseek_r1": ["<think>", "</think>"],
 }  # fmt: skip
 

@@ -253,3 +253,44 @@ async def _until_running(engine: EngineProcess) -> None:
         return bool(stats["running"] and stats["generated_tokens"] > 0)
 
     await until(decoding, "the request started decoding", timeout=12)
+
+
+async def test_the_engine_serves_vllms_rl_control_plane(
+    engine: EngineProcess, weights: dict[str, Path]
+) -> None:
+    """The routes the proxy drives on a vLLM-kind backend (proxy/control/engine_control.py), in
+    vLLM 0.33's shapes: pause and resume, the version set and read back, and per-parameter
+    checksums that move with the weights."""
+    await set_weights(engine, weights["original"], "base")
+    status, refused = await post_json(engine.url, "/pause?mode=keep", {})
+    assert status == 400
+    assert "does not freeze running requests" in refused["error"]
+    assert await post_json(engine.url, "/pause?mode=wait", {}) == (200, {"status": "paused"})
+    assert await get_json(engine.url, "/is_paused") == (200, {"is_paused": True})
+    assert await post_json(engine.url, "/resume", {}) == (200, {"status": "resumed"})
+    assert await get_json(engine.url, "/is_paused") == (200, {"is_paused": False})
+
+    labelled = await post_json(engine.url, "/update_weight_version", {"new_version": "v7"})
+    assert labelled == (200, {"success": True, "new_version": "v7"})
+    assert await get_json(engine.url, "/weight_info") == (200, {"weight_version": "v7"})
+    finished = await post_json(engine.url, "/finish_weight_update", {"weight_version": "v8"})
+    assert finished[0] == 200
+    assert await get_json(engine.url, "/weight_info") == (200, {"weight_version": "v8"})
+    status, _ = await post_json(engine.url, "/update_weights", {"update_info": {}})
+    assert status == 400
+
+    status, base = await post_json(engine.url, "/weight_checker", {"action": "checksum"})
+    assert status == 200
+    sums = base["checksums"]
+    assert CHANGED in sums
+    assert all(len(v) == 64 for v in sums.values())
+    await set_weights(engine, weights["changed"], "v9")
+    status, compared = await post_json(
+        engine.url, "/weight_checker", {"action": "compare", "baseline": sums}
+    )
+    assert (status, compared) == (200, {"match": False, "mismatches": [CHANGED]})
+    await set_weights(engine, weights["original"], "base")
+    status, same = await post_json(
+        engine.url, "/weight_checker", {"action": "compare", "baseline": sums}
+    )
+    assert (status, same) == (200, {"match": True, "mismatches": []})

@@ -106,7 +106,10 @@ async def test_an_answer_aborted_by_an_update_is_resumed_as_one_answer(
         text, finish, usage = await asking
 
     assert began["drained"] is True
-    assert began["aborted"] == [{"backend": engine.url, "ok": True, "detail": "HTTP 200"}]
+    # vLLM's own abort: /pause?mode=abort, which ends running requests and answers once idle.
+    assert began["aborted"] == [
+        {"backend": engine.url, "ok": True, "detail": "POST /pause?mode=abort: paused"}
+    ]
     assert text == ANSWER
     assert finish == "stop"
     first, second = await _two_calls(store, created.id)

@@ -30,7 +30,7 @@ from tests.support.fake_vllm import (
     logprob_of,
     render,
 )
-from tests.support.proxy import fake_engine, new_rollout, running_proxy
+from tests.support.proxy import ENGINE_EXTRAS, fake_engine, new_rollout, running_proxy
 
 BASH = {
     "name": "Bash",
@@ -304,13 +304,7 @@ async def test_claude_code_request_shape(store: Store) -> None:
             },
             {"role": "system", "content": "# Environment\ncwd: /work"},
         ]
-        sent = set(chat) - {
-            "logprobs",
-            "top_logprobs",
-            "stream_options",
-            "return_token_ids",
-            "cache_salt",
-        }
+        sent = set(chat) - ENGINE_EXTRAS
         assert sent == {"model", "messages", "stream", "max_tokens", "tools"}
         frames = [f.split("\n") for f in text.strip().split("\n\n")]
         names = [f[0].removeprefix("event: ") for f in frames]

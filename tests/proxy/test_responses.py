@@ -25,7 +25,13 @@ from tests.support.fake_vllm import (
     logprob_of,
     render,
 )
-from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
+from tests.support.proxy import (
+    ENGINE_EXTRAS,
+    OpenAIFactory,
+    fake_engine,
+    new_rollout,
+    running_proxy,
+)
 
 SHELL = {
     "type": "function",
@@ -291,8 +297,7 @@ async def test_codex_request_shape(store: Store, sdk: OpenAIFactory) -> None:
             "exec_command",
             "mcp__docs__search",
         ]
-        extras = {"logprobs", "top_logprobs", "stream_options", "return_token_ids", "cache_salt"}
-        assert set(chat) - extras == {
+        assert set(chat) - ENGINE_EXTRAS == {
             "model",
             "messages",
             "stream",

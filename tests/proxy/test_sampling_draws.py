@@ -167,6 +167,12 @@ async def test_without_salts_a_commit_resets_vllm_and_a_failed_reset_keeps_calls
         assert status == 200
         assert fake.cache_resets == ["/reset_prefix_cache"]
         assert "cache_salt" not in _engine_bodies(fake)[0]
+        # A client's empty salt means none; vLLM's Rust frontend refuses it (vllm#53218).
+        assert await _post(proxy.url, key, "chat/completions", {**CHAT, "cache_salt": ""}) == 200
+        assert "cache_salt" not in _engine_bodies(fake)[-1]
+        own = {**CHAT, "cache_salt": "tenant-9"}
+        assert await _post(proxy.url, key, "chat/completions", own) == 200
+        assert _engine_bodies(fake)[-1]["cache_salt"] == "tenant-9"
 
         fake.refuse_cache_reset = True
         status, answer = await _update(proxy.url, "3")

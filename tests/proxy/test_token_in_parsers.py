@@ -303,8 +303,9 @@ def test_json_that_cannot_be_json_stops_the_stream(text: str) -> None:
 
 
 def test_qwen3_without_thinking_is_all_content() -> None:
-    """`chat_template_kwargs: {"enable_thinking": false}`: no reasoning, as vLLM's qwen3."""
+    """`chat_template_kwargs: {"enable_thinking": false}`: no reasoning, as vLLM's qwen3, which
+    gives the text verbatim (a `</think>` the model wrote included)."""
     answer = AnswerParser("qwen3", None, None, thinking=False)
     out = answer.push("It is 4.</think>")
     out.add(answer.finish())
-    assert (out.reasoning, out.content) == ("", "It is 4.")
+    assert (out.reasoning, out.content) == ("", "It is 4.</think>")

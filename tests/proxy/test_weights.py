@@ -94,8 +94,19 @@ async def test_commit_loads_weights_into_every_engine_with_the_version(
 
         assert status == 200
         assert committed["weight_version"] == "7"
-        assert sorted(r["backend"] for r in committed["backends"]) == sorted([a.url, b.url])
         assert all(r["ok"] for r in committed["backends"])
+        for url in (a.url, b.url):
+            # Each engine's steps in order: load under the version, read it back, read its
+            # weights' checksums, resume.
+            steps = [
+                r["detail"].split(":")[0] for r in committed["backends"] if r["backend"] == url
+            ]
+            assert steps == [
+                "POST /update_weights_from_disk",
+                "GET /weight_info",
+                "POST /weight_checker",
+                "POST /resume",
+            ]
         for fake in (first, second):
             assert fake.weight_updates == [
                 {

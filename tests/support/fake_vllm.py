@@ -58,6 +58,38 @@ CONTEXT = 1_048_576
 system prompt (Codex's) must still leave room to answer."""
 
 
+VLLM_PLANE = (
+    "/pause",
+    "/resume",
+    "/is_paused",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/update_weight_version",
+    "/weight_info",
+    "/weight_checker",
+    "/init_weight_transfer_engine",
+)
+"""vLLM 0.33's RL control routes (vllm/entrypoints/rl/online/api_router.py)."""
+SGLANG_PLANE = (
+    "/pause_generation",
+    "/continue_generation",
+    "/update_weight_version",
+    "/update_weights_from_distributed",
+    "/model_info",
+    "/weights_checker",
+)
+"""SGLang 0.5's counterparts (sglang/srt/entrypoints/http_server.py)."""
+PLANE_ROUTES = sorted(
+    {("GET", p) for p in ("/is_paused", "/weight_info", "/model_info")}
+    | {
+        ("POST", p)
+        for p in (*VLLM_PLANE, *SGLANG_PLANE)
+        if p not in ("/is_paused", "/weight_info", "/model_info")
+    }
+)
+
+
 def encode(text: str) -> list[int]:
     return [b + OFFSET for b in text.encode()]
 
@@ -351,6 +383,60 @@ class FakeVLLM:
     writes one (reasoning, text, <tool_call> blocks) for the proxy's parsers to read."""
     moe: tuple[int, int, int] | None = None
     """(layers, top-k, experts): an MoE model, which returns routed experts (module doc)."""
+    paused: str | None = None
+    """The mode of the pause in force (vLLM's /pause, SGLang's /pause_generation), or None."""
+    reported_version: str | None = None
+    """Report this weight version (/weight_info, /model_info) whatever was set: an engine that
+    did not take the update."""
+    planes: list[tuple[str, Any]] = field(default_factory=list)
+    """(`METHOD /path?query`, JSON body or None) of every control-plane call (pause, versions,
+    resume, ...), in order."""
+    refuse_keep: bool = False
+    """Refuse to freeze requests (vLLM's 400 for pause mode=keep), as rolltap's engine does."""
+    vllm_routes: Any = None
+    """An ASGI app serving vLLM's own RL and cache routers (tests/support/vllm_plane.py): its
+    control routes are answered there, so vLLM's route code reads what rolltap sent."""
+    _thawed: asyncio.Event = field(default_factory=asyncio.Event)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _running: int = 0
+
+    def __post_init__(self) -> None:
+        self._thawed.set()
+        self._idle.set()
+
+    # -- the control plane's effects, whoever parsed the request (here or vLLM's routers) ---
+
+    async def pause_engine(self, mode: str) -> None:
+        """vLLM's modes abort | wait | keep; SGLang's abort | retract | in_place."""
+        self.paused = mode
+        if mode in ("keep", "in_place", "retract"):
+            self._thawed.clear()
+        elif mode == "abort":
+            self.aborts += 1
+        if mode in ("wait", "abort"):
+            await self._idle.wait()
+
+    def resume_engine(self) -> None:
+        self.paused = None
+        self._thawed.set()
+
+    def set_version(self, version: str) -> None:
+        self.weight_version = version
+
+    def version_read(self) -> str:
+        if self.reported_version is not None:
+            return self.reported_version
+        return self.weight_version or "default"
+
+    def checksums(self) -> dict[str, str]:
+        """Per-parameter checksums of the weights served: a function of their version."""
+        import hashlib
+
+        label = self.version_read().encode()
+        return {
+            name: hashlib.sha256(label + name.encode()).hexdigest()[:16]
+            for name in ("model.embed_tokens.weight", "model.norm.weight")
+        }
 
     def routing(self, ids: list[int], body: dict[str, Any]) -> str | None:
         """The routed experts of prompt + answer `ids` in this engine's encoding, when sent."""
@@ -388,7 +474,52 @@ class FakeVLLM:
         app.router.add_post("/v1/tokenize", self.tokenize)  # SGLang's path
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        for method, path in PLANE_ROUTES:
+            app.router.add_route(method, path, self.plane)
         return app
+
+    async def plane(self, request: web.Request) -> web.Response:
+        """The engines' RL control planes: vLLM's (through its own routers when `vllm_routes`
+        is set) and SGLang's, acting on this fake's pause and version."""
+        raw = await request.read()
+        sent = orjson.loads(raw) if raw.strip() else None
+        self.planes.append((f"{request.method} {request.path_qs}", sent))
+        if self.vllm_routes is not None and request.path in VLLM_PLANE:
+            return await _asgi(self.vllm_routes, request, raw)
+        body = sent if isinstance(sent, dict) else {}
+        path = request.path
+        if path == "/pause":
+            mode = request.query.get("mode", "abort")
+            if mode == "keep" and self.refuse_keep:
+                return web.json_response({"error": "cannot freeze"}, status=400)
+            await self.pause_engine(mode)
+            return web.json_response({"status": "paused"})
+        if path == "/pause_generation":
+            await self.pause_engine(str(body.get("mode", "abort")))
+            return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+        if path in ("/resume", "/continue_generation"):
+            self.resume_engine()
+            return web.json_response({"status": "resumed"})
+        if path == "/finish_weight_update":
+            if body.get("weight_version") is not None:
+                self.set_version(str(body["weight_version"]))
+            return web.json_response({"message": "Weight update finished"})
+        if path == "/update_weight_version":
+            self.set_version(str(body["new_version"]))
+            return web.json_response({"success": True, "new_version": body["new_version"]})
+        if path == "/update_weights_from_distributed":
+            if body.get("weight_version") is not None:
+                self.set_version(str(body["weight_version"]))
+            return web.json_response({"success": True, "message": "updated"})
+        if path in ("/weight_info", "/model_info"):
+            return web.json_response({"weight_version": self.version_read()})
+        if path == "/weight_checker":
+            return web.json_response({"checksums": self.checksums()})
+        if path == "/weights_checker":
+            return web.json_response(
+                {"success": True, "message": "", "per_engine_checksum": self.checksums()}
+            )
+        return web.json_response({"message": "ok"})
 
     async def update_weights(self, request: web.Request) -> web.Response:
         """SGLang's (and rolltap's engine's) weight update: records the order, sets the label."""
@@ -637,6 +768,8 @@ class FakeVLLM:
         def aborted() -> bool:
             return self.aborts != generation
 
+        self._running += 1
+        self._idle.clear()
         try:
             if body.get("stream"):
                 response = await self._stream(
@@ -651,6 +784,10 @@ class FakeVLLM:
             if not isinstance(fault, DieAfter):
                 self.disconnects += 1
             raise
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.set()
         if not isinstance(fault, Malformed):
             self._log(request_id, sent)
         return response
@@ -668,7 +805,10 @@ class FakeVLLM:
     ) -> web.Response:
         delay = reply.token_delay or self.token_delay
         longest = max(len(c["ids"]) for c in choices)
+        versions: list[str] = []
         for k in range(longest):
+            await self._thawed.wait()
+            versions.append(self.weight_version or "default")
             if aborted():
                 # Ended with what was sampled so far, as vLLM answers an aborted request.
                 choices = [_cut(c, k) for c in choices]
@@ -683,6 +823,8 @@ class FakeVLLM:
             entry[self._stop_key] = None
             if with_ids:
                 entry["token_ids"] = c["ids"]
+            if body.get("return_weight_versions") and not self.sglang:
+                entry["weight_versions"] = spans(versions, len(c["ids"]))
             if self.sglang and body.get("return_token_ids"):
                 entry["prompt_token_ids"] = prompt
                 entry["response_token_ids"] = c["ids"]
@@ -782,6 +924,8 @@ class FakeVLLM:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        versions: list[str] = []
+        """The version in force as each step's tokens were sampled."""
         fault_at = _stream_chunk(fault)
         delay = reply.token_delay or self.token_delay
         sent = 0
@@ -829,6 +973,8 @@ class FakeVLLM:
             # One chunk per token, choices interleaved, like vLLM's per-step output.
             streams = [self._token_deltas(c) for c in choices]
             for k, step in enumerate(itertools.zip_longest(*streams)):
+                await self._thawed.wait()  # frozen in place (keep / in_place) until resumed
+                versions.append(self.weight_version or "default")
                 if aborted():
                     choices = [_cut(c, k) for c in choices]
                     break
@@ -852,6 +998,8 @@ class FakeVLLM:
                 final[self._stop_key] = None
                 if with_ids:
                     final["token_ids"] = []
+                if body.get("return_weight_versions") and not self.sglang:
+                    final["weight_versions"] = spans(versions, len(c["ids"]))
                 await send({**chunk_base, "choices": [final]})
             # SGLang writes its sglext chunk before the usage chunk (serving_chat.py).
             sglext: dict[str, Any] = {}
@@ -916,6 +1064,56 @@ class FakeVLLM:
 
 class _Ended(Exception):
     """A fault ended the stream early (and wrote its end)."""
+
+
+def spans(versions: list[str], length: int) -> list[dict[str, Any]]:
+    """vLLM's `weight_versions`: contiguous [start, end) ranges of the output per label."""
+    out: list[dict[str, Any]] = []
+    for k, version in enumerate(versions[:length]):
+        if out and out[-1]["version"] == version:
+            out[-1]["end"] = k + 1
+        else:
+            out.append({"version": version, "start": k, "end": k + 1})
+    return out
+
+
+async def _asgi(app: Any, request: web.Request, raw: bytes) -> web.Response:
+    """`request` answered by an ASGI app (vLLM's FastAPI routers), in process: one HTTP/1.1
+    request as an ASGI scope, its answer collected from the `send` messages."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method,
+        "scheme": "http",
+        "path": request.path,
+        "raw_path": request.path.encode(),
+        "query_string": request.query_string.encode(),
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 80),
+    }
+    sent = False
+    status, headers, body = 500, [], bytearray()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            await asyncio.sleep(3600)  # no disconnect while the route runs
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status, headers = message["status"], message.get("headers", [])
+        elif message["type"] == "http.response.body":
+            body.extend(message.get("body", b""))
+
+    await app(scope, receive, send)
+    kind = dict(headers).get(b"content-type", b"application/json").decode().split(";")[0]
+    return web.Response(body=bytes(body), status=status, content_type=kind)
 
 
 def _drop_logprob(choice: dict[str, Any]) -> None:

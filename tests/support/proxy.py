@@ -24,6 +24,19 @@ class Engine:
     url: str = ""
 
 
+ENGINE_EXTRAS = frozenset(
+    {
+        "logprobs",
+        "top_logprobs",
+        "stream_options",
+        "return_token_ids",
+        "return_weight_versions",
+        "cache_salt",
+    }
+)
+"""The keys rolltap adds to a vLLM-kind engine's chat request besides the client's own."""
+
+
 @contextlib.asynccontextmanager
 async def fake_engine(fake: FakeVLLM | None = None) -> AsyncIterator[Engine]:
     fake = fake or FakeVLLM()

@@ -24,6 +24,8 @@ _COMMANDS = {
     "serve": ("rolltap.cli.serve", "serve", "Serve the proxy that records every call."),
     "export": ("rolltap.cli.export", "export", "Write trajectories for a trainer (or ATIF)."),
     "run": ("rolltap.cli.run", "run", "Run every task in TASKS N times."),
+    "finish": ("rolltap.cli.ending", "finish", "End a rollout as finished, with its reward."),
+    "cancel": ("rolltap.cli.ending", "cancel", "End a rollout as cancelled."),
     "demo": ("rolltap.cli.run", "demo", "The embedded default end to end on a few tasks."),
     "audit": ("rolltap.cli.audit", "audit", "Check the store's records and signed exports."),
     "ui": ("rolltap.cli.ui", "ui", "Browse batches and rollouts in a browser (read-only)."),
@@ -36,10 +38,13 @@ _COMMANDS = {
 _USER_ERRORS = (
     ("rolltap.store.errors", "StoreError"),
     ("rolltap.engine.errors", "EngineStartError"),
+    ("rolltap.engine.errors", "ModelLoadError"),
     ("rolltap.runner.harnesses.errors", "HarnessError"),
     ("rolltap.runner.sandboxes.errors", "SandboxUnavailable"),
     ("rolltap.runner.tasks", "TaskFormatError"),
     ("rolltap.runner.settings", "BatchSettingsChanged"),
+    ("rolltap.runner.lease", "BatchBusy"),
+    ("rolltap.runner.lease", "LeaseLost"),
     ("rolltap.runner.egress.errors", "EgressError"),
     ("rolltap.runner.host", "BackendUnreachable"),
 )

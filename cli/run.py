@@ -84,6 +84,17 @@ DEMO_TASKS = ("hello-file", "answer-42", "make-dir")
 @click.option("--model", help="Served model name (default: what the backend serves).")
 @click.option("--batch", help="Batch name; the same name resumes the batch.")
 @click.option(
+    "--wait",
+    is_flag=True,
+    help="Another process runs this batch (same store): wait for it to end, then resume.",
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Resume: rerun every rollout that did not finish (failed, timed out, over budget), "
+    "not only those that failed with no verdict (sandbox, harness crash, lost attempt).",
+)
+@click.option(
     "--timeout",
     type=float,
     help="Harness wall-clock limit in seconds (default: the task's [agent] timeout_sec).",
@@ -187,6 +198,8 @@ def run(
     backends: tuple[str, ...],
     model: str | None,
     batch: str | None,
+    wait: bool,
+    retry_failed: bool,
     timeout: float | None,
     max_calls: int,
     max_tokens: int,
@@ -264,6 +277,8 @@ def run(
         prune_git_history=not keep_git_history,
         detectors=detectors,
         ray=ray_address,
+        wait=wait,
+        retry_failed=retry_failed,
     )
 
     async def start(say: Callable[[str], None]) -> BatchResult:

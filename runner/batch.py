@@ -49,8 +49,9 @@ from .harnesses import (
 )
 from .harnesses.base import BuiltIn
 from .harnesses.oracle import NAME as ORACLE
-from .host import proxy_host, served_model, token_in_meta
-from .plan import plan
+from .host import expected_model, proxy_host, token_in_meta
+from .lease import batch_lease
+from .plan import plan, to_run
 from .provenance import task_hash
 from .rollout import BatchProgress, Pools, RolloutResult
 from .sandboxes.base import SandboxProvider
@@ -96,6 +97,10 @@ class RunOptions:
     """Where the rollouts' logs go; None: the user data dir's runs/BATCH."""
     ray: str | None = None
     """A Ray cluster's address ("auto": this machine's) to run the rollouts on; None: here."""
+    wait: bool = False
+    """Another process runs the batch: wait for it to end (`--wait`) instead of refusing."""
+    retry_failed: bool = False
+    """Rerun every rollout that did not finish, judged failures too (`--retry-failed`)."""
 
 
 def default_batch_id(
@@ -241,23 +246,52 @@ async def run_spec(
     if egress is not None and egress.enabled and kind == "local":
         raise BadEgressSetting("--egress needs an isolated sandbox (bwrap, docker, apptainer)")
     builtin = isinstance(adapter_.packages, BuiltIn)
-    # Docker runs the harness from harness_images/<name>/ built on the task's image.
-    images = not builtin and (
-        harness_from == "image" or (harness_from == "auto" and kind == "docker")
-    )
-    if images:
-        installed = image_installation(adapter_)
-    if installed is None:
-        try:
-            installed = installation(adapter_)
-        except NotInstalled:
-            say(f"installing {adapter_.name} (once)...")
-            await asyncio.to_thread(install, adapter_, say=say)
-            installed = installation(adapter_)
+    needs_model = not builtin and (replay is None or replay.goes_live)
     async with contextlib.AsyncExitStack() as stack:
         if store is None:
             store = await Store.connect(options.db)
             stack.push_async_callback(store.close)
+        # The batch, its lease and what it still needs come before an engine starts or a
+        # harness installs: a busy batch, one with nothing to run and one run with other
+        # settings are told in seconds.
+        model = await expected_model(
+            backends=options.backends,
+            model=options.model,
+            engine_model=options.engine_model,
+            engine_args=options.engine_args,
+            needs_model=needs_model,
+        )
+        batch_id = spec.id or default_batch_id(
+            spec.tasks_source, adapter_.name, model, kind, spec.samples_per_task
+        )
+        held = await stack.enter_async_context(
+            batch_lease(store, batch_id, wait=options.wait, say=say)
+        )
+        settings = _outcome(spec, options, egress, adapter_.name, model)
+        pending = await to_run(
+            store,
+            batch_id,
+            list(spec.tasks),
+            spec.samples_per_task,
+            settings=settings,
+            retry_failed=options.retry_failed,
+        )
+        if pending == 0:
+            views = current_attempts(await store.rollouts(batch=batch_id))
+            say(f"batch {batch_id}: all {len(views)} rollouts already finished; nothing to run")
+            return BatchResult(batch_id, [], summarize(batch_id, views, 0.0))
+        images = not builtin and (
+            harness_from == "image" or (harness_from == "auto" and kind == "docker")
+        )
+        if images:
+            installed = image_installation(adapter_)
+        if installed is None:
+            try:
+                installed = installation(adapter_)
+            except NotInstalled:
+                say(f"installing {adapter_.name} (once)...")
+                await asyncio.to_thread(install, adapter_, say=say)
+                installed = installation(adapter_)
         host = await stack.enter_async_context(
             proxy_host(
                 store,
@@ -267,15 +301,16 @@ async def run_spec(
                 engine_model=options.engine_model,
                 engine_args=options.engine_args,
                 max_tokens_cap=options.max_tokens_cap,
-                needs_model=not builtin and (replay is None or replay.goes_live),
+                needs_model=needs_model,
                 replay=replay,
                 token_in=options.token_in,
                 say=say,
             )
         )
-        batch_id = spec.id or default_batch_id(
-            spec.tasks_source, adapter_.name, host.model, kind, spec.samples_per_task
-        )
+        if host.model != model:
+            raise RuntimeError(
+                f"the engine serves {host.model!r}, not the {model!r} its flags name: pass --model"
+            )
         sizes = spec.pools or PoolSizes(*(spec.concurrency,) * 3)
         here = LocalHost(
             store=store,
@@ -295,6 +330,8 @@ async def run_spec(
             detectors=checkers,
             progress=progress,
             task_hashes=await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in spec.tasks}),
+            run_token=held.token,
+            leftovers=held.leftovers,
         )
         executor = await stack.enter_async_context(local_executors(here)(spec, batch_id))
         if egress is not None and egress.enabled:
@@ -308,7 +345,8 @@ async def run_spec(
             model=host.model,
             budgets=spec.budgets,
             meta=_rollout_meta(spec, meta, options.token_in),
-            settings=_outcome(spec, options, egress, adapter_.name, host.model),
+            settings=settings,
+            retry_failed=options.retry_failed,
         )
         if kept or any(p.attempt > 0 for p in todo):
             say(
@@ -322,7 +360,7 @@ async def run_spec(
         try:
             results = await asyncio.gather(*(executor.run(p) for p in todo))
         except asyncio.CancelledError:
-            await _interrupted(store, batch_id)
+            await _interrupted(store, [p.rollout_id for p in todo])
             raise
         views = current_attempts(await store.rollouts(batch=batch_id))
         summary = summarize(batch_id, views, time.monotonic() - started)
@@ -338,9 +376,6 @@ async def _on_ray(
 ) -> BatchResult:
     """The batch's rollouts on the Ray cluster `options.ray`, planned here in the shared
     PostgreSQL store exactly as a local run plans them (reruns resume)."""
-    from .cluster.dispatch import RayDispatch  # the optional rolltap[ray]
-    from .cluster.service import RayHost, cluster_executors
-
     if not spec.tasks:
         raise ValueError("no tasks to run")
     url = options.db if isinstance(options.db, DatabaseURL) else resolve_url(options.db)
@@ -352,52 +387,72 @@ async def _on_ray(
     harness, backends = adapter(spec.harness), options.backends
     if harness.name != ORACLE and not backends:
         raise ValueError("a Ray batch needs --backend: the engines every node's proxy reaches")
-    model = options.model
-    if model is None:
-        model = await served_model(backends[0]) if backends else "none"
+    model = await expected_model(backends=backends, model=options.model, needs_model=False)
     store = await Store.connect(url.url.render_as_string(hide_password=False))
     try:
         batch_id = spec.id or default_batch_id(
             spec.tasks_source, harness.name, model, spec.sandbox, spec.samples_per_task
         )
-        todo, kept = await plan(
-            store,
-            batch_id,
-            list(spec.tasks),
-            spec.samples_per_task,
-            harness=harness.name,
-            model=model,
-            budgets=spec.budgets,
-            meta=_rollout_meta(spec, meta, options.token_in),
-        )
-        if kept:
-            say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")
-        cluster = RayHost(
-            store,
-            options.ray or "auto",
-            backends,
-            lambda: model,
-            sandbox_image=options.sandbox_image,
-            logs_root=options.logs_root,
-            token_in=options.token_in,
-            task_hashes=await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in spec.tasks}),
-            prebuild=tuple({p.task.id: p.task for p in todo}.values()),
-        )
-        started = time.monotonic()
-        async with cluster_executors(cluster)(spec, batch_id) as executor:
-            assert isinstance(executor, RayDispatch)
-            caps = ", ".join(str(cap) for cap in executor.nodes.values())
-            say(f"Ray: {len(executor.nodes)} sandbox nodes (caps {caps}); {len(todo)} rollouts")
-            progress.total = len(todo)
-            results = [
-                _counted(progress, await done)
-                for done in asyncio.as_completed([executor.run(p) for p in todo])
-            ]
-        views = current_attempts(await store.rollouts(batch=batch_id))
-        summary = summarize(batch_id, views, time.monotonic() - started)
-        return BatchResult(batch_id, results, summary)
+        async with batch_lease(store, batch_id, wait=options.wait, say=say):
+            return await _dispatch_on_ray(
+                spec, options, meta, progress, say, store, batch_id, model
+            )
     finally:
         await store.close()
+
+
+async def _dispatch_on_ray(
+    spec: BatchSpec,
+    options: RunOptions,
+    meta: Mapping[str, Any] | None,
+    progress: BatchProgress,
+    say: Callable[[str], None],
+    store: Store,
+    batch_id: str,
+    model: str,
+) -> BatchResult:
+    """The batch on the cluster, once this process holds its lease."""
+    from .cluster.dispatch import RayDispatch  # the optional rolltap[ray]
+    from .cluster.service import RayHost, cluster_executors
+
+    harness, backends = adapter(spec.harness), options.backends
+    todo, kept = await plan(
+        store,
+        batch_id,
+        list(spec.tasks),
+        spec.samples_per_task,
+        harness=harness.name,
+        model=model,
+        budgets=spec.budgets,
+        meta=_rollout_meta(spec, meta, options.token_in),
+        retry_failed=options.retry_failed,
+    )
+    if kept:
+        say(f"batch {batch_id}: {len(kept)} rollouts already finished, {len(todo)} to run")
+    cluster = RayHost(
+        store,
+        options.ray or "auto",
+        backends,
+        lambda: model,
+        sandbox_image=options.sandbox_image,
+        logs_root=options.logs_root,
+        token_in=options.token_in,
+        task_hashes=await asyncio.to_thread(lambda: {t.id: task_hash(t) for t in spec.tasks}),
+        prebuild=tuple({p.task.id: p.task for p in todo}.values()),
+    )
+    started = time.monotonic()
+    async with cluster_executors(cluster)(spec, batch_id) as executor:
+        assert isinstance(executor, RayDispatch)
+        caps = ", ".join(str(cap) for cap in executor.nodes.values())
+        say(f"Ray: {len(executor.nodes)} sandbox nodes (caps {caps}); {len(todo)} rollouts")
+        progress.total = len(todo)
+        results = [
+            _counted(progress, await done)
+            for done in asyncio.as_completed([executor.run(p) for p in todo])
+        ]
+    views = current_attempts(await store.rollouts(batch=batch_id))
+    summary = summarize(batch_id, views, time.monotonic() - started)
+    return BatchResult(batch_id, results, summary)
 
 
 def _rollout_meta(
@@ -465,11 +520,14 @@ def _counted(progress: BatchProgress, result: RolloutResult) -> RolloutResult:
     return result
 
 
-async def _interrupted(store: Store, batch_id: str) -> None:
-    """The batch was stopped (Ctrl-C) and its rollouts have stopped: none stays `running`
-    (its next run starts each again as a new attempt)."""
-    unfinished = [RolloutStatus.PENDING.value, RolloutStatus.RUNNING.value]
-    for view in await store.rollouts(batch=batch_id, status=unfinished):
+async def _interrupted(store: Store, rollout_ids: Sequence[str]) -> None:
+    """The batch was stopped (Ctrl-C, or its lease was taken over) and its rollouts have
+    stopped: none of this run's stays `running` (its next run starts each again as a new
+    attempt). Only this run's: another holder's attempts of the batch are its own."""
+    for rollout_id in rollout_ids:
+        view = await store.rollout(rollout_id)
+        if view.status not in (RolloutStatus.PENDING, RolloutStatus.RUNNING):
+            continue
         await store.report(view.id, Cancelled("interrupted"))
         if view.n_calls:
             await analyze_rollout(store, view.id)

@@ -124,6 +124,35 @@ async def proxy_host(
         yield ProxyHost(sock, model, proxy)
 
 
+async def expected_model(
+    *,
+    backends: Sequence[str] = (),
+    model: str | None = None,
+    engine_model: str | None = None,
+    engine_args: Sequence[str] = (),
+    needs_model: bool = True,
+) -> str:
+    """The model name `proxy_host` will serve with these arguments, known without starting
+    an engine (a batch's default name and settings hold it): the one given, the first one the
+    backend lists, "none", or the name the built-in engine will serve (its model's, or its
+    last --served-model-name)."""
+    if model is not None:
+        return model
+    if backends:
+        return await served_model(backends[0])
+    if not needs_model:
+        return "none"
+    from ..engine.model import resolve_model
+
+    served = None
+    for i, arg in enumerate(engine_args):
+        if arg.startswith("--served-model-name="):
+            served = arg.partition("=")[2]
+        elif arg == "--served-model-name" and i + 1 < len(engine_args):
+            served = engine_args[i + 1]
+    return resolve_model(engine_model, served).served_name
+
+
 def token_in_meta(token_in: TokenInOptions | None) -> dict[str, bool]:
     """A batch's rollout meta for its token-in choice: the rollout chooses token-in itself, so
     whichever proxy serves it (the run's own, one behind --proxy-socket, a Ray node's) does."""
@@ -141,8 +170,10 @@ async def served_model(backend: str) -> str:
             resp.raise_for_status()
             data = await resp.json()
     except aiohttp.ClientConnectorError as e:
+        # The words the proxy's own probe gives (proxy_host), asked first or not.
+        why = "connection refused" if isinstance(e.os_error, ConnectionRefusedError) else e.strerror
         raise BackendUnreachable(
-            f"--backend {backend}: cannot connect ({e.strerror or e}); start the engine first, "
+            f"--backend {backend}: nothing answers there ({why or e}); start the engine first, "
             "or check the URL"
         ) from None
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:

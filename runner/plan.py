@@ -1,9 +1,11 @@
 """Which rollouts a batch still needs, creating them (or a next attempt) in the store.
 
-A batch is (tasks x samples). Each sample's latest attempt decides: a finished one is kept; an
-unfinished one (interrupted run, infrastructure failure) is marked cancelled and replaced by a
-new attempt with a fresh key, so rerunning `rolltap run` completes a batch without duplicating
-or redoing finished work, and nothing recorded is deleted.
+A batch is (tasks x samples). Each sample's latest attempt decides: one with a verdict is kept
+(`kept`); an unfinished one (interrupted run, killed process) is marked cancelled and replaced by
+a new attempt with a fresh key, and one that failed with no verdict (its sandbox, its harness
+crashing, its verifier, a lost attempt) is kept as it is and gets a new attempt too, so
+rerunning `rolltap run` completes a batch without duplicating or redoing judged work, and
+nothing recorded is deleted. `retry_failed` reruns every sample that did not succeed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..proxy.staleness import MARK
 from ..store import CreatedRollout, NewRollout, RolloutStatus, RolloutView, Store
 from ..store.events import SUPERSEDED_BY, Superseded
+from .harnesses.base import Ending
 from .settings import BatchSettings, check_resumable
 from .tasks import Task
 
@@ -55,29 +58,22 @@ async def plan(
     budgets: Budgets,
     meta: dict[str, Any],
     settings: BatchSettings | None = None,
+    retry_failed: bool = False,
 ) -> tuple[list[Planned], list[RolloutView]]:
     """(rollouts to run, finished rollouts kept from an earlier run).
 
     `settings`: recorded on each new rollout; a batch whose rollouts ran with others is refused
     (BatchSettingsChanged) before anything is created."""
-    latest: dict[tuple[str, int], RolloutView] = {}
-    existing = await store.rollouts(batch=batch_id, oldest_first=True)
+    latest = await _latest(store, batch_id, settings)
     if settings is not None:
-        check_resumable(batch_id, settings, (view.meta for view in existing))
         meta = {**meta, "settings": settings.as_meta()}
-    for view in existing:
-        if view.task_id is None or view.sample_index is None:
-            continue
-        slot = (view.task_id, view.sample_index)
-        if slot not in latest or view.attempt > latest[slot].attempt:
-            latest[slot] = view
     todo: list[Planned] = []
-    kept: list[RolloutView] = []
+    kept_views: list[RolloutView] = []
     for task in tasks:
         for sample in range(samples):
             previous = latest.get((task.id, sample))
-            if previous is not None and finished(previous):
-                kept.append(previous)
+            if previous is not None and kept(previous, retry_failed=retry_failed):
+                kept_views.append(previous)
                 continue
             attempt = 0
             if previous is not None:
@@ -97,13 +93,73 @@ async def plan(
             )
             if previous is not None and previous.status not in DONE:
                 await supersede(store, previous, created.id, "interrupted")
+            elif previous is not None:
+                # It ended and stays as it ended; a reader follows it to the attempt after it.
+                await store.update_rollout(previous.id, merge_meta={SUPERSEDED_BY: created.id})
             todo.append(Planned(task, sample, created.id, created.key, attempt))
-    return todo, kept
+    return todo, kept_views
+
+
+async def to_run(
+    store: Store,
+    batch_id: str,
+    tasks: Sequence[Task],
+    samples: int,
+    *,
+    settings: BatchSettings | None = None,
+    retry_failed: bool = False,
+) -> int:
+    """How many rollouts `plan` would start, read without writing anything: a rerun decides
+    "nothing to run" or "settings differ" (BatchSettingsChanged) before it starts an engine."""
+    latest = await _latest(store, batch_id, settings)
+    return sum(
+        1
+        for task in tasks
+        for sample in range(samples)
+        if (previous := latest.get((task.id, sample))) is None
+        or not kept(previous, retry_failed=retry_failed)
+    )
+
+
+async def _latest(
+    store: Store, batch_id: str, settings: BatchSettings | None
+) -> dict[tuple[str, int], RolloutView]:
+    """Each sample's latest attempt, once the batch's rollouts are found to have run with
+    `settings` (when given)."""
+    latest: dict[tuple[str, int], RolloutView] = {}
+    existing = await store.rollouts(batch=batch_id, oldest_first=True)
+    if settings is not None:
+        check_resumable(batch_id, settings, (view.meta for view in existing))
+    for view in existing:
+        if view.task_id is None or view.sample_index is None:
+            continue
+        slot = (view.task_id, view.sample_index)
+        if slot not in latest or view.attempt > latest[slot].attempt:
+            latest[slot] = view
+    return latest
 
 
 def finished(view: RolloutView) -> bool:
-    """Kept by a rerun: ended by the agent or its verifier, not by the machine."""
+    """Ended by the agent or its verifier, not by the machine."""
     return view.status in DONE and not view.meta.get(INFRA)
+
+
+def kept(view: RolloutView, *, retry_failed: bool = False) -> bool:
+    """Kept by a rerun: it ended with a verdict on the agent. A failure with no reward (its
+    sandbox would not start, its verifier failed, its attempt was lost) was never judged, and
+    a harness that crashed ("failed": not a limit, not an LLM call it gave up on) judged the
+    harness, not the agent, so a rerun tries both again; `retry_failed` also reruns every
+    other attempt that did not finish (failed, timed out, over budget)."""
+    if not finished(view):
+        return False
+    if view.status is RolloutStatus.FINISHED:
+        return True
+    if retry_failed:
+        return False
+    if view.status is not RolloutStatus.FAILED:
+        return True
+    crashed = (view.reward_details or {}).get("ending") == Ending.FAILED.value
+    return view.reward is not None and not crashed
 
 
 async def supersede(store: Store, old: RolloutView, new_id: str, why: str) -> None:

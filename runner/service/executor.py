@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ...analysis.hacks import Detector
 from ...store import Store
+from ...store.ids import new_id
 from ..egress import EgressMode, EgressSettings, egress_gate
 from ..harnesses import (
     Harness,
@@ -32,6 +33,7 @@ from ..harnesses import (
 )
 from ..harnesses.base import BuiltIn
 from ..harnesses.images import build_context, host_ca_bundle
+from ..lease import sandbox_run_id
 from ..plan import Planned
 from ..provenance import harness_metadata
 from ..rollout import BatchProgress, BuildsHarnessImages, Pools, RolloutResult, Shared, run_rollout
@@ -91,6 +93,11 @@ class LocalHost:
     ones per batch."""
     task_hashes: Mapping[str, str] = field(default_factory=dict)
     """Content hashes of tasks by id, computed ahead; a rollout hashes any other task itself."""
+    run_token: str | None = None
+    """What this run's sandboxes of a batch carry beside the batch id (runner/lease.py: the
+    batch lease's token); None: a fresh one per batch. Sweeps touch only what carries it."""
+    leftovers: tuple[str, ...] = ()
+    """Sandbox run ids of a gone holder of the batch, swept when the batch opens."""
 
 
 class LocalExecutor:
@@ -112,9 +119,12 @@ def local_executors(host: LocalHost) -> ExecutorFactory:
             else:
                 provider = await make_provider(spec.sandbox, image=host.sandbox_image)
                 stack.push_async_callback(provider.close)
-            # Whatever a rollout of this batch left behind goes when the batch ends, whatever
+            # This run's sandboxes carry its own token, not the batch id alone: another run of
+            # the same batch name (another store, or the next run here) never sweeps them.
+            run_id = sandbox_run_id(batch_id, host.run_token or new_id())
+            # Whatever a rollout of this run left behind goes when the batch ends, whatever
             # way it ends (a cancelled INIT may not have got to closing its sandbox).
-            stack.push_async_callback(provider.sweep, batch_id)
+            stack.push_async_callback(provider.sweep, run_id)
             builtin = isinstance(harness.packages, BuiltIn)
             images = not builtin and _from_image(host, provider.kind, spec.harness)
             image_context = None
@@ -128,7 +138,8 @@ def local_executors(host: LocalHost) -> ExecutorFactory:
                 installed = image_installation(harness)
             else:
                 installed = await _installed(harness, host.installations)
-            await provider.sweep(batch_id)
+            for gone in host.leftovers:
+                await provider.sweep(gone)
             installed_from = "builtin" if builtin else "image" if images else "host"
             settings: dict[str, Any] = {
                 "model": host.model(),
@@ -158,7 +169,7 @@ def local_executors(host: LocalHost) -> ExecutorFactory:
                 pools=host.pools
                 if sizes is None
                 else Pools.sized(sizes.init, sizes.run, sizes.eval),
-                run_id=batch_id,
+                run_id=run_id,
                 proxy_socket=host.proxy_socket,
                 model=host.model(),
                 logs_root=host.logs_root / batch_id if host.logs_per_batch else host.logs_root,

@@ -87,7 +87,7 @@ def test_a_resumed_batch_says_it_resumes(tmp_path: Path) -> None:
     assert "resuming batch b1: 0 of 2 rollouts already finished, 2 to run" in resumed.stdout
     again = rolltap(tmp_path, *common, "--batch", "b1", "-n", "2")
     assert again.returncode == 0, again.stderr
-    assert "resuming batch b1: 2 of 2 rollouts already finished, 0 to run" in again.stdout
+    assert "batch b1: all 2 rollouts already finished; nothing to run" in again.stdout
     fresh = rolltap(tmp_path, *common, "--batch", "b2")
     assert fresh.returncode == 0, fresh.stderr
     assert "resuming" not in fresh.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -211,9 +212,22 @@ def test_killed_run_resumes_without_duplicates(tmp_path: Path) -> None:
         subprocess.run(["sleep", "0.1"], check=True)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    # The killed run left its sandboxes (keyed by its lease's token) and its lease.
+    boxes = tmp_path / "boxes"
+    (left,) = [p.name for p in boxes.iterdir()]
+    assert left.startswith("resumable.")
+    with sqlite3.connect(tmp_path / "store.sqlite") as conn:
+        ((token, pid),) = conn.execute("SELECT token, pid FROM batch_lease").fetchall()
+    assert pid == first.pid
+    assert left == f"resumable.{token}"
 
     second = subprocess.run([*args, "--fast"], cwd=ROOT, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
+    # Its holder is gone (the pid is dead): the resume took the lease over, swept what the
+    # killed run left, and released the lease at its end.
+    assert list(boxes.iterdir()) == []
+    with sqlite3.connect(tmp_path / "store.sqlite") as conn:
+        assert conn.execute("SELECT count(*) FROM batch_lease").fetchone() == (0,)
 
     async def check() -> None:
         async with opened_store(db) as store:

@@ -311,5 +311,7 @@ async def test_the_bound_goes_into_each_rollout_s_meta(
 def _release(batch_id: str) -> None:
     """Let every rollout's harness go on to its second turn: the file goes in each sandbox's
     private /tmp, which is its workspace's fs/tmp on the host."""
-    for tmp in (Path(tempfile.gettempdir()) / "rolltap-bwrap" / label(batch_id)).glob("*/fs/tmp"):
+    # Each run's sandboxes are under BATCH.TOKEN (runner/lease.py `sandbox_run_id`).
+    root = Path(tempfile.gettempdir()) / "rolltap-bwrap"
+    for tmp in root.glob(f"{label(batch_id)}.*/*/fs/tmp"):
         (tmp / "go-on").touch()

@@ -59,8 +59,9 @@ def _release(*batch_ids: str) -> None:
     """Let every rollout's harness go on to its second turn: the file goes in each sandbox's
     private /tmp, which is its workspace's fs/tmp on the host."""
     for batch_id in batch_ids:
-        for tmp in (Path(tempfile.gettempdir()) / "rolltap-bwrap" / label(batch_id)).glob(
-            "*/fs/tmp"
+        # Each run's sandboxes are under BATCH.TOKEN (runner/lease.py `sandbox_run_id`).
+        for tmp in (Path(tempfile.gettempdir()) / "rolltap-bwrap").glob(
+            f"{label(batch_id)}.*/*/fs/tmp"
         ):
             (tmp / "go-on").touch()
 

@@ -1,0 +1,158 @@
+"""Two `rolltap run` of one batch name at once, as two experiments on one machine start them:
+against one store the second says in one line that the batch is being run (and the first
+finishes every rollout); against two stores both finish. Neither leaves anything in the
+temporary folder they share, where both keep their sandboxes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import ROLLTAP
+from tests.support.sandboxes import searchable
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bwrap is not installed: run .ci/setup-bwrap"
+)
+
+# Each rollout lasts a few seconds, so the two runs overlap whatever the machine's load.
+TASKS = [
+    {"id": f"t{i}", "instruction": "-", "test": "test -f done", "solution": "sleep 3; touch done"}
+    for i in range(3)
+]
+
+
+def _start(cwd: Path, tmp: Path, store: str, *more: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(cwd / "data"),
+        "HOME": str(cwd),
+        "TMPDIR": str(tmp),
+    }
+    env.pop("ROLLTAP_DB", None)
+    args = ["run", "tasks.jsonl", "--harness", "oracle", "--sandbox", "bwrap", "-c", "3"]
+    return subprocess.Popen(
+        [ROLLTAP, *args, "--batch", "same-twice", "--db", store, *more],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_running(run: subprocess.Popen[str], path: Path, timeout: float = 120) -> None:
+    """Until the first run has rollouts under way (its lease taken, its sandboxes made)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "running" in _statuses(path):
+            return
+        if run.poll() is not None:
+            raise AssertionError(f"the first run ended early: {run.communicate()}")
+        time.sleep(0.1)
+    raise AssertionError(f"no rollout of {path} started running")
+
+
+def _statuses(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    try:
+        with sqlite3.connect(path) as conn:
+            return sorted(r[0] for r in conn.execute("SELECT status FROM rollout"))
+    except sqlite3.OperationalError:
+        return []
+
+
+def _left_in(tmp: Path) -> list[str]:
+    """What the runs left in the temporary folder: any file, socket or link (folders that are
+    empty are the sandboxes' roots, shared by every run)."""
+    return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if not p.is_dir())
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Iterator[Path]:
+    """The runs' TMPDIR: one the sandbox user can search (pytest's own folders are 0700)."""
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    shared = searchable(tmp_path)
+    yield shared
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_second_run_of_a_batch_being_run_says_so_in_one_line(tmp_path: Path, tmp: Path) -> None:
+    store = tmp_path / "s.sqlite"
+    first = _start(tmp_path, tmp, f"sqlite:///{store}")
+    try:
+        _wait_running(first, store)
+        second = _start(tmp_path, tmp, f"sqlite:///{store}")
+        _, second_err = second.communicate(timeout=120)
+        first_out, first_err = first.communicate(timeout=300)
+    finally:
+        for p in (first, locals().get("second")):
+            if isinstance(p, subprocess.Popen) and p.poll() is None:
+                p.kill()
+
+    assert second.returncode == 1
+    lines = second_err.strip().splitlines()
+    assert len(lines) == 1, second_err
+    assert lines[0].startswith(f"Error: batch same-twice is being run by pid {first.pid} on ")
+    assert lines[0].endswith(": wait for it (--wait), or give another --batch name"), lines[0]
+    assert first.returncode == 0, first_out + first_err
+    # The refused run touched nothing: three rollouts, all finished by the first, none stuck.
+    assert _statuses(store) == ["finished"] * 3
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("SELECT count(*) FROM batch_lease").fetchone() == (0,)
+        rewards = [r[0] for r in conn.execute("SELECT reward FROM rollout")]
+    assert rewards == [1.0] * 3
+    assert _left_in(tmp) == []
+
+
+def test_a_second_run_with_wait_resumes_after_the_first(tmp_path: Path, tmp: Path) -> None:
+    store = tmp_path / "s.sqlite"
+    first = _start(tmp_path, tmp, f"sqlite:///{store}")
+    try:
+        _wait_running(first, store)
+        second = _start(tmp_path, tmp, f"sqlite:///{store}", "--wait")
+        second_out, second_err = second.communicate(timeout=300)
+        first.communicate(timeout=300)
+    finally:
+        for p in (first, locals().get("second")):
+            if isinstance(p, subprocess.Popen) and p.poll() is None:
+                p.kill()
+
+    assert first.returncode == 0
+    assert second.returncode == 0, second_err
+    assert "waiting: batch same-twice is being run by pid" in second_out + second_err
+    assert "all 3 rollouts already finished; nothing to run" in second_out
+    assert _statuses(store) == ["finished"] * 3
+    assert _left_in(tmp) == []
+
+
+def test_one_batch_name_on_two_stores_runs_twice(tmp_path: Path, tmp: Path) -> None:
+    one, two = tmp_path / "one.sqlite", tmp_path / "two.sqlite"
+    first = _start(tmp_path, tmp, f"sqlite:///{one}")
+    try:
+        _wait_running(first, one)
+        second = _start(tmp_path, tmp, f"sqlite:///{two}")
+        second_out, second_err = second.communicate(timeout=300)
+        first_out, first_err = first.communicate(timeout=300)
+    finally:
+        for p in (first, locals().get("second")):
+            if isinstance(p, subprocess.Popen) and p.poll() is None:
+                p.kill()
+
+    assert first.returncode == 0, first_out + first_err
+    assert second.returncode == 0, second_out + second_err
+    assert _statuses(one) == ["finished"] * 3
+    assert _statuses(two) == ["finished"] * 3
+    for store in (one, two):
+        with sqlite3.connect(store) as conn:
+            assert [r[0] for r in conn.execute("SELECT reward FROM rollout")] == [1.0] * 3
+    assert _left_in(tmp) == []

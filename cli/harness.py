@@ -100,7 +100,16 @@ def list_command() -> None:
     help="Also write the files the adapter writes for the harness (its config) under this "
     "directory, and point the harness's HOME there.",
 )
-def env_command(name: str, key: str, proxy: str, model: str, home: Path | None) -> None:
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The harness's own step limit, where it has one, as `rolltap run --max-steps` sets "
+    "it (in the command printed last: mini-swe-agent's step_limit, Claude Code's --max-turns).",
+)
+def env_command(
+    name: str, key: str, proxy: str, model: str, home: Path | None, max_steps: int | None
+) -> None:
     """Print, as `export K=V` lines, the environment rolltap's adapter gives NAME for the rollout
     with this KEY (runner/harnesses/NAME.py): `eval "$(rolltap harness env ...)"`.
 
@@ -124,6 +133,7 @@ def env_command(name: str, key: str, proxy: str, model: str, home: Path | None) 
         workdir=here,
         home=PurePosixPath((home or Path.home()).absolute()),
         logs_dir=PurePosixPath("."),
+        max_steps=max_steps,
     )
     launch = h.launch(ctx, installed)
     module = h.name.replace("-", "_")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import click
 
+from ..engine.adapter import NONE
 from ..engine.command import adapter_option
 from ..proxy.app import Extension
 from ..proxy.context import ProxySettings
@@ -260,6 +262,8 @@ def serve(
         backends_shown = ", ".join(b.url + ("" if b.healthy else " (down)") for b in pool)
         click.echo(f"rolltap proxy on {proxy.url}  (store: {resolve_url(db_url).render()})")
         click.echo(f"  backends: {backends_shown}")
+        if proxy.ctx.settings.builtin_engine:
+            click.echo(f"  adapter: {_adapter_shown(engine_args)}")
         served = sorted(proxy.ctx.names.served)
         if served:
             other = "; any other name maps to it" if len(served) == 1 else ""
@@ -277,7 +281,24 @@ def serve(
     engine = _builtin_engine(engine_model, device, engine_args)
     if workers > 1:
         sys.exit(_run_workers(settings, db_url, ready, engine))
-    _run(settings, db_url, ready, engine, extensions, drain_seconds)
+    try:
+        _run(settings, db_url, ready, engine, extensions, drain_seconds)
+    finally:
+        if runner and unix_socket is None and settings.unix_socket:
+            # The private folder runner_extension made for the sandboxes' socket.
+            shutil.rmtree(Path(settings.unix_socket).parent, ignore_errors=True)
+
+
+def _adapter_shown(engine_args: tuple[str, ...]) -> str:
+    """The built-in engine's adapter as its flags give it: the last --adapter wins, as it does
+    for the engine's own parser (an --engine-arg after rolltap's own)."""
+    adapter = NONE
+    for i, arg in enumerate(engine_args):
+        if arg.startswith("--adapter="):
+            adapter = arg.removeprefix("--adapter=")
+        elif arg == "--adapter" and i + 1 < len(engine_args):
+            adapter = engine_args[i + 1]
+    return "none (the plain model)" if adapter.lower() == NONE else adapter
 
 
 def _aliases(specs: tuple[str, ...]) -> dict[str, str]:

@@ -76,6 +76,36 @@ def test_mini_swe_agent_gets_the_settings_a_by_hand_run_missed(tmp_path: Path) -
     assert "--model hosted_vllm/default" in text.splitlines()[-1]
 
 
+@pytest.mark.parametrize(
+    ("name", "limit"),
+    [("mini-swe-agent", "agent.step_limit=7"), ("claude-code", "--max-turns 7")],
+)
+def test_the_step_limit_reaches_the_command(name: str, limit: str) -> None:
+    """Without --max-steps the printed command has no limit of rolltap's; with it, the same
+    one `rolltap run --max-steps` gives the harness."""
+
+    def last_line(*extra: str) -> str:
+        done = subprocess.run(
+            [ROLLTAP, "harness", "env", name, "--rollout", "rk-1", *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.splitlines()[-1]
+
+    assert limit.split("=")[0].split()[0] not in last_line()
+    assert limit in last_line("--max-steps", "7")
+    refused = subprocess.run(
+        [ROLLTAP, "harness", "env", name, "--rollout", "rk-1", "--max-steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "Traceback" not in refused.stderr
+
+
 def test_a_variable_key_stays_out_of_the_output(tmp_path: Path) -> None:
     secret = "rk-secret-value"
     text = subprocess.run(

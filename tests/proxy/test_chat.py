@@ -1,5 +1,6 @@
 """Chat Completions through the proxy with the official openai SDK: what the client sees is what
-the engine sent (minus rolltap's extras), and the store holds the engine's exact ids and logprobs.
+the engine sent (minus rolltap's extras, and an empty `tool_calls` list OpenAI would not send),
+and the store holds the engine's exact ids and logprobs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import openai
 import orjson
 import pytest
 
+from rolltap.engine.launch import EngineProcess
 from rolltap.store import CallStatus, Capture, Store
 from tests.support.fake_vllm import IM_END, FakeVLLM, NoIds, Reply, encode, logprob_of, render
 from tests.support.proxy import OpenAIFactory, fake_engine, new_rollout, running_proxy
@@ -178,6 +180,81 @@ async def test_tool_calls_and_n_choices(store: Store, stream: bool, sdk: OpenAIF
         (call,) = await store.calls(rollout_id)
         assert call.n_choices == 2
         assert call.finish_reason == "tool_calls"
+
+
+class EmptyCallLists(FakeVLLM):
+    """An engine that sends `tool_calls: []` with every message and delta that has no call, as
+    rolltap's built-in engine does with whole answers and some vLLM versions with deltas."""
+
+    def _said(self, message: dict[str, Any]) -> dict[str, Any]:
+        said = super()._said(message)
+        return said if said.get("tool_calls") else {**said, "tool_calls": []}
+
+
+def _messages_said(raw: bytes, stream: bool) -> list[dict[str, Any]]:
+    """The whole answer's messages, or every delta of a streamed one."""
+    if not stream:
+        return [c["message"] for c in orjson.loads(raw)["choices"]]
+    frames = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: {")]
+    return [c["delta"] for frame in frames for c in orjson.loads(frame)["choices"]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("logprobs", [False, True])
+async def test_an_answer_without_calls_has_no_tool_calls_list(
+    store: Store, sdk: OpenAIFactory, stream: bool, logprobs: bool
+) -> None:
+    """OpenAI leaves `tool_calls` out of an answer without calls (its SDK reads None), where
+    the engine sent an empty list; an answer with calls keeps them."""
+    async with (
+        fake_engine(EmptyCallLists()) as engine,
+        running_proxy(store, engine.url) as proxy,
+    ):
+        _, key = await new_rollout(store)
+        body = {"model": "m", "messages": MESSAGES, "stream": stream, "logprobs": logprobs}
+        direct = await _raw_post(f"{engine.url}/v1/chat/completions", body, {})
+        via_proxy = await _raw_post(f"{proxy.url}/r/{key}/v1/chat/completions", body, {})
+        client = sdk(f"{proxy.url}/r/{key}/v1")
+        if stream:
+            seen = [
+                choice.delta.tool_calls
+                async for chunk in await client.chat.completions.create(
+                    model="m", messages=MESSAGES, stream=True
+                )
+                for choice in chunk.choices
+            ]
+        else:
+            reply = await client.chat.completions.create(model="m", messages=MESSAGES)
+            seen = [reply.choices[0].message.tool_calls]
+
+    # The engine's whole message, or each of its deltas that carries text, had the empty list.
+    direct_said = [s for s in _messages_said(direct, stream) if s.get("content")]
+    assert direct_said
+    assert all(said.get("tool_calls") == [] for said in direct_said)
+    assert not any("tool_calls" in said for said in _messages_said(via_proxy, stream))
+    assert seen
+    assert seen == [None] * len(seen)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_the_built_in_engines_answer_without_calls_has_no_tool_calls_list(
+    store: Store, smollm_engine: EngineProcess, stream: bool
+) -> None:
+    async with running_proxy(store, smollm_engine.url) as proxy:
+        _, key = await new_rollout(store)
+        body = {
+            "model": smollm_engine.model,
+            "messages": MESSAGES,
+            "max_tokens": 4,
+            "stream": stream,
+            "tools": TOOLS,
+        }
+        via_proxy = await _raw_post(f"{proxy.url}/r/{key}/v1/chat/completions", body, {})
+
+    said = _messages_said(via_proxy, stream)
+    assert said
+    assert not any("tool_calls" in s for s in said), via_proxy[:600]
 
 
 async def test_logprobs_when_the_client_asks(store: Store, sdk: OpenAIFactory) -> None:

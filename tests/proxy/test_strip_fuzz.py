@@ -2,9 +2,10 @@
 
 The reference parses the engine's answer, drops what rolltap added (root `prompt_token_ids`; per
 choice `token_ids`, `prompt_token_ids`, `response_token_ids`, SGLang's `meta_info`; logprobs
-made null) and serializes it again. Engine answers are generated in the engine's shapes (whole
-bodies and stream chunks, vLLM's and SGLang's fields) with arbitrary ids, logprobs, unicode,
-escapes, look-alike keys inside strings, extra members and key orders.
+made null) and an empty `tool_calls` list (OpenAI sends none), and serializes it again.
+Engine answers are generated in the engine's shapes (whole bodies and stream chunks, vLLM's and
+SGLang's fields) with arbitrary ids, logprobs, unicode, escapes, look-alike keys inside
+strings, extra members and key orders.
 
 Contract checked:
 - an answer in the engine's compact layout (vLLM's, here orjson's) comes out byte for byte as the
@@ -38,6 +39,7 @@ RESERVED = {
     "logprobs",
     "meta_info",
     "choices",
+    "tool_calls",
 }
 # Look-alikes of what strip.py searches for, to land inside strings and keys.
 TRICKY = [
@@ -46,6 +48,8 @@ TRICKY = [
     '"prompt_token_ids" : null',
     '"logprobs":{"content":[]}',
     '{"logprobs":[1]}',
+    '"tool_calls":[]',
+    '"tool_calls" : [ ]',
     "]}\\",
     "\\",
     '"',
@@ -91,7 +95,8 @@ def choice(draw: st.DrawFn, index: int, chunk: bool) -> dict[str, Any]:
         "logprobs": draw(logprobs()),
     }
     body = draw(ordered({"role": "assistant", "content": draw(st.none() | text)}))
-    if draw(st.booleans()):
+    calls = draw(st.sampled_from(["absent", "none", "empty", "one"]))
+    if calls == "one":
         body["tool_calls"] = [
             {
                 "id": draw(text),
@@ -99,6 +104,8 @@ def choice(draw: st.DrawFn, index: int, chunk: bool) -> dict[str, Any]:
                 "function": {"name": draw(text), "arguments": draw(text)},
             }
         ]
+    elif calls != "absent":
+        body["tool_calls"] = None if calls == "none" else []
     members["delta" if chunk else "message"] = body
     if draw(st.booleans()):
         members["stop_reason"] = draw(st.none() | st.integers(0, 2**31) | text)
@@ -181,6 +188,9 @@ def reference(raw: bytes, extras: Extras) -> Any:
             c["logprobs"] = None
         if extras.meta_info:
             c.pop("meta_info", None)
+        said = c.get("delta", c.get("message")) or {}
+        if said.get("tool_calls") == []:
+            del said["tool_calls"]
     return doc
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -161,3 +162,43 @@ def test_the_service_runs_as_its_own_process_beside_a_proxy(
     assert all(s.min_version == "7" for s in group.samples)
     assert weights["weight_version"] == "8"
     assert weights["history"][-1] == {"version": "8", "epoch": 1}
+
+
+def test_serve_runner_stopped_by_ctrl_c_leaves_no_socket_behind(
+    tmp_path: Path, fake_engine_url: str
+) -> None:
+    """The sandboxes' unix socket and the private folder made for it go with the server: a
+    socket file left behind names a server that is gone."""
+    port, tmp = _port(), tmp_path / "tmp"
+    tmp.mkdir()
+    argv = [
+        *(sys.executable, "-m", "rolltap.cli.main", "serve", "--runner"),
+        *("--runner-sandboxes=bwrap", f"--port={port}", f"--backend={fake_engine_url}"),
+        f"--db=sqlite:///{tmp_path / 'store.sqlite'}",
+    ]
+    env = {**os.environ, "TMPDIR": str(tmp), "ROLLTAP_ADMIN_TOKEN": secrets.token_hex(8)}
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not _answers(f"http://127.0.0.1:{port}/health"):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        (shown,) = [
+            line.split(": ", 1)[1]
+            for line in log.read_text().splitlines()
+            if line.strip().startswith("unix socket:")
+        ]
+        socket_path = Path(shown)
+        assert socket_path.is_socket()
+        assert socket_path.is_relative_to(tmp)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not socket_path.exists()
+    assert list(tmp.iterdir()) == [], log.read_text()

@@ -4,6 +4,7 @@ Harbor's ATIF trajectory.json per rollout; `--sign` adds an HMAC-signed manifest
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -29,7 +30,7 @@ _DEFAULT_OUT = {"parquet": "trajectories.parquet", "jsonl": "trajectories.jsonl"
 
 def _format_and_out(fmt: str | None, out: Path | None) -> tuple[str, Path]:
     """The format (given, else from --out's suffix) and the output path, refusing a suffix that
-    names another format and a folder that does not exist before anything is read."""
+    names another format and a path under a file before anything is read."""
     by_suffix = {suffix: name for name, suffix in _SUFFIX.items()}
     suffix = out.suffix if out is not None else ""
     if fmt is None:
@@ -42,9 +43,23 @@ def _format_and_out(fmt: str | None, out: Path | None) -> tuple[str, Path]:
     elif suffix and suffix != _SUFFIX[fmt]:
         raise click.ClickException(f"--out {out} does not end in {_SUFFIX[fmt]} (--format {fmt})")
     out = out or Path(_DEFAULT_OUT.get(fmt, "trajectories-atif"))
-    if not out.absolute().parent.is_dir():
-        raise click.ClickException(f"--out {out}: {out.absolute().parent} is not a directory")
+    # Missing folders are made only when the export writes (_make_parent); a file in the way
+    # can never become one, so that is refused now rather than after reading the store.
+    # os.path.exists, not Path.exists: a folder we may not look into is passed over rather
+    # than raised, and then the mkdir names it.
+    existing = next(p for p in out.absolute().parents if os.path.exists(p))
+    if not existing.is_dir():
+        raise click.ClickException(f"--out {out}: {existing} is not a directory")
     return fmt, out
+
+
+def _make_parent(path: Path) -> None:
+    """The folders `path` goes in, made just before it is written, so that an export refused
+    (no rollouts match, a chain that does not verify) leaves nothing behind."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise click.ClickException(f"--out {path}: cannot make {path.parent}: {e.strerror}") from e
 
 
 def _filters(batch: str | None, status: str | None, rollouts: tuple[str, ...]) -> str:
@@ -163,6 +178,7 @@ def _export_rows(
     detokenizer = None if tokenizer is None else HFDetokenizer.from_path(tokenizer)
     console = Console(stderr=True)
     total = len(selected)
+    _make_parent(out)
     writer = open_writer(fmt, out)
     try:
         with Progress(

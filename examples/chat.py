@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 
 try:
@@ -28,6 +29,13 @@ except ModuleNotFoundError as missing:
     )
 
 
+# The built-in engine's SmolLM2-135M answers this one in plain English; asked to be "a friendly
+# assistant" instead, it drifted into French and repeated itself until max_tokens.
+SYSTEM = "You are a helpful assistant. Answer in one short sentence."
+QUESTIONS = ["What is the capital of France?", "And of Italy?", "Which language is spoken in Rome?"]
+"""The last two lean on the turns before them, so the answers show the history reached the model."""
+
+
 def create_rollout(proxy: str, admin_token: str | None) -> dict[str, str]:
     request = urllib.request.Request(
         f"{proxy}/admin/rollouts",
@@ -35,8 +43,14 @@ def create_rollout(proxy: str, admin_token: str | None) -> dict[str, str]:
         headers={"Content-Type": "application/json"}
         | ({"Authorization": f"Bearer {admin_token}"} if admin_token else {}),
     )
-    with urllib.request.urlopen(request) as response:
-        created: dict[str, str] = json.load(response)
+    try:
+        with urllib.request.urlopen(request) as response:
+            created: dict[str, str] = json.load(response)
+    except urllib.error.HTTPError as e:  # before URLError: it is one
+        hint = "; set ROLLTAP_ADMIN_TOKEN" if e.code == 401 else ""
+        sys.exit(f"the proxy at {proxy} refused to create a rollout: HTTP {e.code}{hint}")
+    except urllib.error.URLError as e:
+        sys.exit(f"no rolltap proxy at {proxy} ({e.reason}): start one with `rolltap serve`")
     return created
 
 
@@ -49,11 +63,8 @@ def main() -> None:
     rollout = create_rollout(args.proxy, os.environ.get("ROLLTAP_ADMIN_TOKEN"))
     client = openai.OpenAI(base_url=rollout["base_url"], api_key="unused")
     model = client.models.list().data[0].id
-    messages: list[ChatCompletionMessageParam] = [
-        {"role": "system", "content": "You are a friendly assistant. Answer in one sentence."}
-    ]
-    questions = ["What is the capital of France?", "And of Italy?", "Which one is bigger?"]
-    for question in questions[: args.turns]:
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM}]
+    for question in QUESTIONS[: args.turns]:
         messages.append({"role": "user", "content": question})
         reply = client.chat.completions.create(
             model=model, messages=messages, max_tokens=48, temperature=0

@@ -17,10 +17,11 @@ iteration:
    group's mean and spread) times the ratio of the trainer's probability to the engine's
    recorded one, token by token over what the model sampled (groups whose samples all scored
    the same carry no advantage and are only recomputed, for the mismatch);
-4. saves the weights (safetensors) and pushes them to the engine with the service's weight
-   update (`client.weight_update(version, model_path=...)`: calls wait, none fails), so the next
-   batch is sampled, and stamped, with the new version; and posts its figures about the batch
-   (`client.post_metrics`: rolltap ui's training view shows them).
+4. saves the weights (safetensors, OUT/step-N, about 500 MB) and pushes them to the engine with
+   the service's weight update (`client.weight_update(version, model_path=...)`: calls wait,
+   none fails), so the next batch is sampled, and stamped, with the new version, then removes
+   the previous step's checkpoint (`--keep-checkpoints` keeps every one); and posts its figures
+   about the batch (`client.post_metrics`: rolltap ui's training view shows them).
 
 At the end it samples the held-out tasks (examples/grpo_heldout.jsonl: words no training task
 shows) again on the last weights, with the same seed, and draws the curve (matplotlib).
@@ -47,6 +48,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -86,6 +88,11 @@ def main() -> None:
     parser.add_argument("--heldout-tasks", type=Path, default=HERE / "grpo_heldout.jsonl")
     parser.add_argument("--sandbox", default="bwrap")
     parser.add_argument("--out", type=Path, help="work directory (default: a temporary one)")
+    parser.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep every step's weights in OUT/step-N (about 500 MB each); default: the last only",
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="rolltap-grpo-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +130,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         heldout_id = f"grpo-{token[:8]}-heldout-v"
         report["heldout"].append(evaluate(client, heldout, args, f"{heldout_id}0", "0", clock))
         version = "0"
+        previous: Path | None = None  # the last step's checkpoint, removed after the next commit
         for step in range(1, args.iterations + 1):
             clock.start()
             tasks = next(draws)
@@ -142,9 +150,16 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             clock.lap("train")
             checkpoint = out / f"step-{step}"
             save_weights(policy, checkpoint)
+            if previous is None:
+                print(_checkpoints_line(checkpoint, args.keep_checkpoints), flush=True)
             new_version = str(step)
             with client.weight_update(new_version, model_path=checkpoint) as update:
                 pass
+            # Only now: until the commit loaded the new weights, the engine could still be
+            # reading the previous checkpoint (a failed update leaves it, and the run, as is).
+            if previous is not None and not args.keep_checkpoints:
+                shutil.rmtree(previous)
+            previous = checkpoint
             clock.lap("update")
             rewards = [r or 0.0 for g in groups for r in g.rewards]
             iteration = {
@@ -405,6 +420,17 @@ def save_weights(policy: Any, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     # save_model writes a tied tensor once (lm_head shares the embeddings), as save_pretrained.
     save_model(policy, str(directory / "model.safetensors"))
+
+
+def _checkpoints_line(checkpoint: Path, keep: bool) -> str:
+    """Where the weights go, and how much disk that takes: 10 steps kept are over 5 GB."""
+    size = sum(f.stat().st_size for f in checkpoint.iterdir()) / 1e6
+    fate = (
+        "every step's is kept (--keep-checkpoints)"
+        if keep
+        else "each replaces the one before (--keep-checkpoints keeps them all)"
+    )
+    return f"checkpoints: {checkpoint.parent}/step-N ({size:.0f} MB each); {fate}"
 
 
 def probe(engine: str) -> dict[str, Any]:

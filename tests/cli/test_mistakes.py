@@ -110,11 +110,17 @@ def test_serve_on_a_port_in_use_says_so_before_anything_starts(tmp_path: Path) -
 def test_export_mistakes_and_empty_selections(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 's.sqlite'}"
     assert rolltap(tmp_path, "db", "upgrade", "--db", db).returncode == 0
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
     before = tree(tmp_path)
     cases = {
-        ("--out", "/no/such/dir/x.parquet"): (
-            "Error: --out /no/such/dir/x.parquet: /no/such/dir is not a directory"
+        ("--out", "notes.txt/x.parquet"): (
+            f"Error: --out notes.txt/x.parquet: {tmp_path / 'notes.txt'} is not a directory"
         ),
+        ("--out", "notes.txt/a/b/x.parquet"): (
+            f"Error: --out notes.txt/a/b/x.parquet: {tmp_path / 'notes.txt'} is not a directory"
+        ),
+        # Missing folders are made only by an export that writes: this one makes none.
+        ("--out", "a/b/x.parquet"): "Error: no rollouts match (the store holds none)",
         ("--out", "x.csv"): (
             "Error: --out x.csv: rolltap writes .parquet, .jsonl, .json (or an ATIF "
             "directory); give one of those suffixes or --format"
@@ -186,7 +192,7 @@ def test_a_batch_resumed_with_other_settings_is_refused(tmp_path: Path) -> None:
     )
     resumed = rolltap(tmp_path, *common, "--batch", "b1")
     assert resumed.returncode == 0, resumed.stderr
-    assert "1 rollouts already finished, 0 to run" in resumed.stdout
+    assert "all 1 rollouts already finished; nothing to run" in resumed.stdout
     with sqlite3.connect(tmp_path / "s.sqlite") as conn:
         assert conn.execute("SELECT count(*) FROM rollout").fetchone() == (1,)
 

@@ -72,6 +72,9 @@ def test_serve_builtin_engine_then_chat_then_show(tmp_path: Path) -> None:
         )
         assert chat.returncode == 0, chat.stderr
         rollout_id = re.search(r"rollout (\w+):", chat.stdout).group(1)  # type: ignore[union-attr]
+        # The example's prompt is one the small model answers in sense, not in a loop of French.
+        assert "Paris" in chat.stdout, chat.stdout
+        assert "Rome" in chat.stdout, chat.stdout
 
         shown = subprocess.run(
             [ROLLTAP, "show", rollout_id, "--db", db],

@@ -107,6 +107,13 @@ async def test_two_grpo_iterations_train_push_sample_on_the_new_weights_and_draw
     assert report["cpu_seconds"]["server"] > 0
     assert report["seconds"] > 0
     assert report["curve"] == str(out / "curve.png")
+    # Only the last checkpoint stays (each is ~500 MB), and the run said so once, up front.
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-2"]
+    assert (out / "step-2" / "model.safetensors").is_file()
+    told = [line for line in done.stdout.splitlines() if line.startswith("checkpoints: ")]
+    assert len(told) == 1, done.stdout
+    assert told[0].startswith(f"checkpoints: {out}/step-N (")
+    assert told[0].endswith("each replaces the one before (--keep-checkpoints keeps them all)")
     png = (out / "curve.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(png) < 200_000

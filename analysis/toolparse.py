@@ -2,14 +2,16 @@
 
 Every answer whose tool calls rolltap or its built-in engine parsed records the outcome
 (`call.tool_parse`, chatformat/tools.py `parse_outcome`): `ok` (every call it wrote parsed),
-`malformed: <reason>` (one did not: its text went to the client as content), `none` (it wrote
-no call). None: nothing parsed the answer's calls (vLLM and SGLang parse their own and say
-nothing of it). The rate is malformed answers over answers that wrote calls: a model, template
-or parser that garbles calls shows here instead of as a reward that quietly drops.
+`malformed: <reason>` (one did not: its text went to the client as content; the reason names
+it `tool call N`, the Nth call the answer wrote), `none` (it wrote no call). None: nothing
+parsed the answer's calls (vLLM and SGLang parse their own and say nothing of it). The rate
+is malformed answers over answers that wrote calls: a model, template or parser that garbles
+calls shows here instead of as a reward that quietly drops.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +21,23 @@ MALFORMED = "malformed"
 NONE = "none"
 
 
+# Outcomes recorded before the reason said `tool call N` said `call N`, which beside the
+# rollout's own call numbers reads as the rollout's Nth call.
+_OLD_INDEX = re.compile(r"\Acall (?=\d+: )")
+
+
 def kind(outcome: str) -> str:
     """`ok`, `malformed` or `none` (a malformed outcome without its reason)."""
     return MALFORMED if outcome.startswith(MALFORMED) else outcome
+
+
+def reason_of(outcome: str | None) -> str | None:
+    """A malformed outcome's reason (`tool call 1: no name`), from records of any age; None
+    for any other outcome."""
+    if outcome is None or kind(outcome) != MALFORMED:
+        return None
+    reason = outcome.partition(":")[2].strip()
+    return _OLD_INDEX.sub("tool call ", reason)
 
 
 @dataclass(frozen=True)
@@ -44,8 +60,9 @@ class ToolParsing:
                 continue
             found = kind(outcome)
             counts[found] = counts.get(found, 0) + 1
-            if found == MALFORMED and len(reasons) < 5:
-                reasons.append(outcome.partition(":")[2].strip())
+            reason = reason_of(outcome)
+            if reason is not None and len(reasons) < 5:
+                reasons.append(reason)
         if not any(counts.values()):
             return None
         return cls(counts[OK], counts[MALFORMED], counts[NONE], tuple(reasons))

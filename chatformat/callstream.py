@@ -228,7 +228,7 @@ class StreamedCalls:
     def _note(self, why: str, closed: bool) -> None:
         if self.malformed is None:
             cut = "" if closed else f"cut before {self._close_tag}: "
-            self.malformed = f"call {self.calls + 1}: {cut}{why}"
+            self.malformed = f"tool call {self.calls + 1}: {cut}{why}"
 
 
 # -- JSON, re-written as json.dumps writes it, as it arrives -------------------------------------

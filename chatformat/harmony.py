@@ -140,7 +140,7 @@ class HarmonyAnswer:
         try:
             json.loads(message.content[0].text)
         except ValueError as e:
-            self._note(f"call {self.calls + 1}: arguments not JSON ({e})")
+            self._note(f"tool call {self.calls + 1}: arguments not JSON ({e})")
             return
         self.calls += 1
 

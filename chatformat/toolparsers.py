@@ -381,16 +381,16 @@ def _llama3_calls(text: str) -> list[ToolCall] | str:
         try:
             value, end = decoder.raw_decode(text, at)
         except ValueError as e:
-            return f"call {len(calls) + 1}: not JSON ({e})"
+            return f"tool call {len(calls) + 1}: not JSON ({e})"
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            return f"call {len(calls) + 1}: not an object with a name"
+            return f"tool call {len(calls) + 1}: not an object with a name"
         if "arguments" not in value and "parameters" not in value:
-            return f"call {len(calls) + 1}: no parameters"
+            return f"tool call {len(calls) + 1}: no parameters"
         arguments = value["arguments"] if "arguments" in value else value["parameters"]
         if arguments is None:
             arguments = {}  # tools.NULL_ARGUMENTS
         if not isinstance(arguments, dict):
-            return f"call {len(calls) + 1}: parameters are not an object"
+            return f"tool call {len(calls) + 1}: parameters are not an object"
         calls.append(_call(value["name"], arguments))
         at = text.find("{", end)
     return calls or "no call"
@@ -527,7 +527,7 @@ def _mistral_calls(text: str) -> list[ToolCall] | str:
         calls = []
         for k, entry in enumerate(value, 1):
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                return f"call {k}: not an object with a name"
+                return f"tool call {k}: not an object with a name"
             arguments = entry.get("arguments", {})
             if arguments is None:
                 arguments = {}  # tools.NULL_ARGUMENTS
@@ -535,9 +535,9 @@ def _mistral_calls(text: str) -> list[ToolCall] | str:
                 try:
                     arguments = json.loads(arguments)
                 except ValueError:
-                    return f"call {k}: arguments are a string that is not JSON"
+                    return f"tool call {k}: arguments are a string that is not JSON"
             if not isinstance(arguments, dict):
-                return f"call {k}: arguments are not an object"
+                return f"tool call {k}: arguments are not an object"
             calls.append(_call(entry["name"], arguments, _mistral_id()))
         return calls
     calls = []
@@ -545,16 +545,16 @@ def _mistral_calls(text: str) -> list[ToolCall] | str:
     for k, part in enumerate((p for p in text.split(_TOOL_CALLS) if p.strip()), 1):
         head = _V11_HEAD.match(part.lstrip())
         if head is None or not head.group(1).strip():
-            return f"call {k}: not NAME[ARGS]{{...}}"
+            return f"tool call {k}: not NAME[ARGS]{{...}}"
         try:
             # As the stream reads it (and vLLM): the arguments' JSON, what follows it ignored.
             arguments, _ = decoder.raw_decode(part.lstrip()[head.end() :].lstrip())
         except ValueError as e:
-            return f"call {k}: arguments not JSON ({e})"
+            return f"tool call {k}: arguments not JSON ({e})"
         if arguments is None:
             arguments = {}  # tools.NULL_ARGUMENTS
         if not isinstance(arguments, dict):
-            return f"call {k}: arguments are not an object"
+            return f"tool call {k}: arguments are not an object"
         calls.append(_call(head.group(1).strip(), arguments, _mistral_id()))
     return calls or "no call after [TOOL_CALLS]"
 

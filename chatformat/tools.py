@@ -80,7 +80,9 @@ REASON_LIMIT = 160
 
 def parse_outcome(calls: int, malformed: str | None) -> str:
     """An answer's tool-call outcome: `ok` (every call it wrote parsed), `malformed: <reason>`
-    (the first that did not, and why), `none` (it wrote none)."""
+    (the first that did not, and why), `none` (it wrote none). A reason names the broken call
+    `tool call N`, N counting the answer's calls: `call N` is what `rolltap show` names the
+    rollout's Nth LLM call, which the reason is shown beside."""
     if malformed is not None:
         return f"{MALFORMED}: {malformed[:REASON_LIMIT]}"
     return OK if calls else NONE
@@ -186,7 +188,7 @@ class ToolCallStream:
             return call
         if self.malformed is None:
             cut = "" if closed else f"cut before {self._close}: "
-            self.malformed = f"call {self.calls + 1}: {cut}{call}"
+            self.malformed = f"tool call {self.calls + 1}: {cut}{call}"
         return self._open + body + (self._close if closed else "")
 
 

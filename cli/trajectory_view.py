@@ -22,7 +22,7 @@ def render_segments(console: Console, built: RolloutTrajectories) -> None:
         f"[bold]faithfulness[/bold] [{style}]{f.share:.1%}[/{style}] of {f.sampled_tokens} "
         f"sampled tokens still in their context · breaks: {breaks} · side calls {f.side_calls}"
         f" · siblings {f.siblings} · text-only calls {f.text_only_calls}"
-        f" · skipped calls {f.skipped_calls}"
+        f" · skipped {_calls_count(f.skipped_calls)}"
     )
     if not built.trajectories:
         console.print("  no token-faithful calls")
@@ -60,8 +60,14 @@ def render_segments(console: Console, built: RolloutTrajectories) -> None:
             console.print(Text(f"      was: {drift.parent_text!r}", style="dim"))
             console.print(Text(f"      now: {drift.child_text!r}", style="dim"))
     if built.skipped:
-        skipped = ", ".join(f"{s.seq} ({s.reason})" for s in built.skipped)
-        console.print(f"  skipped calls: {skipped}")
+        # Named `call N`, as everywhere else here: a bare number beside the summary's count
+        # reads as another count.
+        skipped = ", ".join(f"call {s.seq} ({s.reason})" for s in built.skipped)
+        console.print(f"  skipped (in no segment): {skipped}")
+
+
+def _calls_count(n: int) -> str:
+    return f"{n} call" if n == 1 else f"{n} calls"
 
 
 def _origin(built: RolloutTrajectories, t: Trajectory) -> str:

@@ -67,4 +67,4 @@ def test_a_call_with_broken_json_is_recorded_malformed(ids: dict[str, list[int]]
     parser.push("", encoding().encode(broken, allowed_special="all"))
     parser.finish()
     assert parser.tool_parse is not None
-    assert parser.tool_parse.startswith("malformed: call 1: arguments not JSON")
+    assert parser.tool_parse.startswith("malformed: tool call 1: arguments not JSON")

@@ -47,14 +47,18 @@ BROKEN = '<tool_call>\n{"name": "bash", "arguments": {"command": </tool_call>'
     [
         ("hermes", "Just text.", "none"),
         ("hermes", GOOD, "ok"),
-        ("hermes", f"{GOOD}{BROKEN}", "malformed: call 2: not JSON (Expecting value:"),
-        ("hermes", GOOD[:40], "malformed: call 1: cut before </tool_call>: not JSON"),
+        ("hermes", f"{GOOD}{BROKEN}", "malformed: tool call 2: not JSON (Expecting value:"),
+        ("hermes", GOOD[:40], "malformed: tool call 1: cut before </tool_call>: not JSON"),
         ("qwen3_coder", "<tool_call><function=bash></function></tool_call>", "ok"),
-        ("qwen3_coder", "<tool_call><parameter=x>1</parameter></tool_call>", "malformed: call 1"),
+        (
+            "qwen3_coder",
+            "<tool_call><parameter=x>1</parameter></tool_call>",
+            "malformed: tool call 1: no <function=NAME>",
+        ),
         ("llama3_json", '{"name": "bash", "parameters": {}}', "ok"),
-        ("llama3_json", '{"name": "bash", "parameters": []}', "malformed: call 1: parameters"),
+        ("llama3_json", '{"name": "bash", "parameters": []}', "malformed: tool call 1: parameters"),
         ("mistral", '[TOOL_CALLS][{"name": "bash", "arguments": {}}]', "ok"),
-        ("mistral", "[TOOL_CALLS]nope", "malformed: call 1: not NAME[ARGS]"),
+        ("mistral", "[TOOL_CALLS]nope", "malformed: tool call 1: not NAME[ARGS]"),
         ("mistral", "No call.", "none"),
     ],
 )
@@ -79,18 +83,22 @@ def test_the_builtin_engine_reports_the_outcome_beside_finish_reason() -> None:
     for k, piece in enumerate([GOOD, BROKEN]):
         choice.feed(TokenEvent(0, k, -0.1, (), piece, "stop" if k else None))
     assert choice.tool_parse is not None
-    assert choice.tool_parse.startswith("malformed: call 2: not JSON")
+    assert choice.tool_parse.startswith("malformed: tool call 2: not JSON")
     assert [c.name for c in choice.message.tool_calls] == ["bash"]
     no_tools = ChatChoice(0, lambda i: "", logprobs=False, as_ids=False, reasoning=None, tools=None)
     assert no_tools.tool_parse is None
 
 
 def test_the_rate_is_malformed_answers_over_answers_that_wrote_calls() -> None:
-    parsing = ToolParsing.of(["ok", "none", "malformed: call 1: no name", "ok", None])
+    parsing = ToolParsing.of(["ok", "none", "malformed: tool call 1: no name", "ok", None])
     assert parsing is not None
     assert (parsing.ok, parsing.malformed, parsing.none) == (2, 1, 1)
     assert parsing.malformed_call_rate == pytest.approx(1 / 3)
-    assert parsing.as_dict()["reasons"] == ["call 1: no name"]
+    assert parsing.as_dict()["reasons"] == ["tool call 1: no name"]
+    # Recorded before reasons said `tool call N`: read as if they did.
+    old = ToolParsing.of(["malformed: call 2: not JSON (x)", "malformed: cut inside a message"])
+    assert old is not None
+    assert old.reasons == ("tool call 2: not JSON (x)", "cut inside a message")
     assert ToolParsing.of([None]) is None
     none_wrote = ToolParsing.of(["none"])
     assert none_wrote is not None
@@ -147,7 +155,7 @@ async def test_token_in_records_each_answers_outcome_and_shows_the_rate(
     outcomes = [c.tool_parse for c in calls]
     assert outcomes[0] is None
     assert outcomes[1] is not None
-    assert outcomes[1].startswith("malformed: call 1: not JSON")
+    assert outcomes[1].startswith("malformed: tool call 1: not JSON")
     assert outcomes[2:] == ["ok", "none"]
     assert calls[1].as_dict()["tool_parse"] == outcomes[1]
     parsing = await outcome_counts.tool_parsing(store, rollout_id=rollout_id)
@@ -177,7 +185,9 @@ def test_rolltap_show_prints_the_rate_and_why(tmp_path: Path) -> None:
 
     assert shown.exit_code == 0, shown.output
     assert "malformed_call_rate 0.50  (ok 1, malformed 1, none 1)" in shown.output
-    assert "malformed: call 1: no name" in shown.output
+    # The answer's own call (seq 2), apart from which of its tool calls broke; the record
+    # (from before reasons said `tool call N`) is kept as it was.
+    assert "    malformed: call 2, tool call 1: no name\n" in shown.output
     assert [c["tool_parse"] for c in document["calls"]] == [
         "ok", "malformed: call 1: no name", "none", None
     ]  # fmt: skip

@@ -42,5 +42,5 @@ async def test_batch_status_counts_malformed_calls(store: Store) -> None:
         "malformed": 1,
         "none": 1,
         "malformed_call_rate": 1 / 3,
-        "reasons": ["call 1: no name"],
+        "reasons": ["tool call 1: no name"],  # recorded as `call 1: ...`, read as it is now
     }

@@ -58,6 +58,9 @@ def test_serve_builtin_engine_then_chat_then_show(tmp_path: Path) -> None:
                 break
         assert any("rolltap proxy on" in line for line in banner), "".join(banner)
         engine = next(line for line in serve.stdout if "backends:" in line).split()[-1]
+        # Whether the plain model or an adapter answers is said before anything runs:
+        # serve's built-in engine runs the plain model unless --adapter says otherwise.
+        assert serve.stdout.readline() == "  adapter: none (the plain model)\n"
         with urllib.request.urlopen(f"{engine}/stats") as answer:
             settings = json.load(answer)["settings"]
         # rolltap's defaults for the built-in engine, then the user's --engine-arg over them.

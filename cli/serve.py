@@ -153,6 +153,14 @@ from .token_in import token_in_options
     help="With --runner: the egress config (TOML: allow, intercept_hosts, upstream_ca, "
     "[resolve]) for batches that ask for egress (docs/egress.md).",
 )
+@click.option(
+    "--store-spill",
+    envvar="ROLLTAP_STORE_SPILL",
+    type=click.Path(file_okay=False),
+    help="Where the records of sampled calls go when the store stays unreachable past its "
+    "outage limit (a full disk), to be written to it once it is back; best on another "
+    "filesystem than the store's (default: the user cache).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def serve(
     backends: tuple[str, ...],
@@ -183,6 +191,7 @@ def serve(
     capture_routed_experts: bool,
     drain_seconds: float,
     runner_egress_config: Path | None,
+    store_spill: str | None,
     verbose: bool,
 ) -> None:
     """Serve the OpenAI-compatible proxy that records every call with its token ids."""
@@ -202,6 +211,7 @@ def serve(
         # Sandboxes on this machine connect as the sandbox user's group (runner/sandboxes).
         unix_socket_group=sandbox_user().gid,
         open_mode=open_mode,
+        store_spill=store_spill,
         admin_token=admin_token,
         max_body_bytes=max_body_mb * 1024 * 1024,
         weight_version=weight_version,

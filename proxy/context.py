@@ -39,6 +39,9 @@ class ProxySettings:
     a bearer token, and the socket is how sandboxes spend it."""
     open_mode: bool = False
     """Create a rollout for an unknown key on first use (local experiments only)."""
+    store_spill: str | None = None
+    """The folder where records of sampled calls go when the store stays away past its outage
+    limit, written to it once it is back (store/spill.py); None: the user cache's."""
     admin_token: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     health_interval: float = 5.0

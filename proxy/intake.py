@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..store import CallDialect, CallStatus
+from ..store import CallDialect, CallStatus, StoreState
 from ..store.events import BudgetExceeded
 from ..store.lifecycle import status_of
 from ..store.store import FINAL_STATUSES
@@ -79,7 +79,8 @@ async def intake(request: web.Request, dialect: CallDialect) -> Intake:
         # Refused before anything reaches an engine, so no sampled tokens wait on a full queue.
         # Not recorded: that record would need the very queue that is full (metrics count it).
         status = ctx.store.status()
-        ctx.metrics.errors.inc(kind="store_unavailable")
+        full = status.state is StoreState.FULL
+        ctx.metrics.errors.inc(kind="store_full" if full else "store_unavailable")
         raise store_unavailable(status.reason, status)
     try:
         raw_body: bytes | None = await request.read()

@@ -55,11 +55,12 @@ def error_response(error: ProxyError, request: web.Request) -> web.Response:
 
 def store_unavailable(reason: str | None, status: StoreStatus | None = None) -> StoreUnavailable:
     """The 503 for a call the store cannot take now; clients (and the SDKs) retry after."""
-    down = status is None or status.state is StoreState.DOWN
+    down = status is None or status.state in (StoreState.DOWN, StoreState.FULL)
+    full = status is not None and status.state is StoreState.FULL
     return StoreUnavailable(
         f"the proxy cannot record calls right now ({reason}); retry later",
         retry_after=5 if down else 1,
-        code="store_unavailable" if down else "store_backlog",
+        code="store_full" if full else "store_unavailable" if down else "store_backlog",
     )
 
 

@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 
 # Commits arriving within this window share one checkpoint.
 _COALESCE_S = 0.2
+# After a failed checkpoint (a full disk), wait this long before the next, doubling to the max:
+# retried at once, a full disk logged it 40 times a second.
+_RETRY_S = 0.5
+_RETRY_MAX_S = 5.0
 
 
 class WalCheckpointer:
@@ -28,6 +32,10 @@ class WalCheckpointer:
         self._pending = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._truncate = False
+        """The next checkpoint also truncates the WAL file (after a full disk)."""
+        self._failing_since: float | None = None
+        self._retry_s = _RETRY_S
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -37,6 +45,12 @@ class WalCheckpointer:
 
     def committed(self) -> None:
         """Called by the writer after each commit; cheap, never blocks."""
+        self._pending.set()
+
+    def recovered(self) -> None:
+        """The writer commits again after a full disk: checkpoint everything now and give the
+        WAL file's space back (TRUNCATE), rather than leave it at its largest."""
+        self._truncate = True
         self._pending.set()
 
     def close(self) -> None:
@@ -60,9 +74,26 @@ class WalCheckpointer:
             conn.close()
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        truncate, self._truncate = self._truncate, False
+        mode = "TRUNCATE" if truncate else "PASSIVE"
         try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
         except sqlite3.Error as e:
-            # A failed checkpoint loses nothing (the WAL keeps the data); the next one retries.
-            log.warning("WAL checkpoint of %s failed: %s", self._path, e)
+            # A failed checkpoint loses nothing (the WAL keeps the data); a later one retries,
+            # after a pause that grows while it keeps failing, and it is said once.
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
+                log.warning("WAL checkpoint of %s failed: %s; retried", self._path, e)
+            self._truncate = self._truncate or truncate
+            time.sleep(self._retry_s)
+            self._retry_s = min(self._retry_s * 2, _RETRY_MAX_S)
             self._pending.set()
+            return
+        if self._failing_since is not None:
+            log.warning(
+                "WAL checkpoint of %s works again after %.1f s",
+                self._path,
+                time.monotonic() - self._failing_since,
+            )
+            self._failing_since = None
+        self._retry_s = _RETRY_S

@@ -8,6 +8,7 @@ writer isolates it instead of retrying it.
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 import sys
 
@@ -37,6 +38,30 @@ def is_outage(error: BaseException) -> bool:
     cause = error.__cause__
     # SQLAlchemy's asyncpg adapter wraps the driver's error; the original is the cause.
     return cause is not None and cause is not error and is_outage(cause)
+
+
+# What a full disk says: SQLite's SQLITE_FULL, PostgreSQL's 53100 disk_full (it cannot extend a
+# relation or write its WAL), the OS's own ENOSPC or a quota.
+_FULL_TEXT = ("database or disk is full", "no space left on device", "could not extend file")
+_FULL_ERRNO = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_full(error: BaseException) -> bool:
+    """Whether an outage is a full disk: it will not pass by waiting a few seconds, so new calls
+    are refused until a write goes through again (store/writer.py)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _FULL_ERRNO:
+            return True
+        if getattr(current, "sqlstate", None) == "53100":  # asyncpg's DiskFullError
+            return True
+        if any(marker in str(current).lower() for marker in _FULL_TEXT):
+            return True
+        original = current.orig if isinstance(current, DBAPIError) else None
+        current = original if original is not None else current.__cause__
+    return False
 
 
 def _pg_outage() -> tuple[type[BaseException], ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from sqlalchemy.engine import Connection
@@ -32,6 +33,7 @@ from .records import (
     RolloutView,
     StoredTurn,
 )
+from .spill import Spill, folder_for
 from .url import DatabaseURL, resolve_url
 from .writer import AppendCall, Apply, CreateRollout, GroupCommitWriter, StoreStatus, UpdateRollout
 
@@ -78,12 +80,15 @@ class Store:
         capacity: int = 4096,
         outage_limit: float = 300.0,
         slow_after: float = 5.0,
+        spill: Path | None = None,
     ) -> Store:
         """`read_only`: for viewers; nothing is created, migrated or written, and the schema
         must already be the current one. `capacity`: queued writes past which `accepting()` is
         false (the proxy then refuses new calls); `outage_limit`: seconds a write waits for an
         unreachable database before it fails; `slow_after`: seconds a commit may wait before
-        `status()` calls the store slow."""
+        `status()` calls the store slow; `spill`: a folder (best on another filesystem) where
+        the records of sampled calls whose write outlasted the outage limit are kept, and
+        written from once the store is back (store/spill.py), one subfolder per store."""
         resolved = url if isinstance(url, DatabaseURL) else resolve_url(url)
         db = open_database(resolved, read_only=read_only)
         try:
@@ -102,7 +107,11 @@ class Store:
         if read_only:
             return cls(db, None)
         writer = GroupCommitWriter(
-            db, capacity=capacity, outage_limit=outage_limit, slow_after=slow_after
+            db,
+            capacity=capacity,
+            outage_limit=outage_limit,
+            slow_after=slow_after,
+            spill=None if spill is None else Spill(folder_for(spill, resolved.render())),
         )
         writer.start()
         return cls(db, writer)

@@ -17,7 +17,9 @@ tokens were sampled), so the queue peaks at `capacity` plus the calls in flight 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +27,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, insert, select, text, update
 from sqlalchemy.engine import Connection, Dialect
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
@@ -47,9 +50,11 @@ from .models import (
     rollout_table,
     routed_experts_table,
 )
-from .outage import describe, is_outage
+from .outage import describe, is_full, is_outage
 from .packing import pack
 from .records import CallReceipt, CallRecord, CreatedRollout, NewRollout, RolloutView
+from .revision import VERSION_TABLE
+from .spill import Spill
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +128,9 @@ class StoreState(StrEnum):
     process)."""
     BACKLOG = "backlog"
     """capacity writes are queued: new calls are refused until the queue drains."""
+    FULL = "full"
+    """The database's disk is full: new calls are refused until a write goes through again;
+    the writes of calls already sampled wait (up to outage_limit) and are retried."""
 
 
 @dataclass(frozen=True)
@@ -134,10 +142,14 @@ class StoreStatus:
 
     @property
     def accepting(self) -> bool:
-        return self.queued < self.capacity
+        return self.queued < self.capacity and self.state is not StoreState.FULL
 
 
 _STOP = object()
+PROBE_S = 1.0
+"""How often a store that is away, with no write queued, is probed for writes."""
+ROOM_TO_RESUME = 4 << 20
+"""Free bytes a SQLite store's filesystem needs before a full store takes calls again."""
 
 
 class GroupCommitWriter:
@@ -150,8 +162,12 @@ class GroupCommitWriter:
         outage_limit: float = 300.0,
         slow_after: float = 5.0,
         recent: RecentCalls | None = None,
+        spill: Spill | None = None,
     ):
         self._db = db
+        self._spill = spill
+        """Where the records of sampled calls go when a write outlasts outage_limit."""
+        self._unspilling: asyncio.Task[None] | None = None
         self._max_batch = max_batch
         self._capacity = capacity
         self._outage_limit = outage_limit
@@ -163,6 +179,8 @@ class GroupCommitWriter:
         self._queued = 0
         """Writes submitted and not yet settled (queued or in the batch being committed)."""
         self._down_since: float | None = None
+        self._full = False
+        """The outage under way is a full disk (store/outage.py is_full)."""
         self._attempt_since: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -182,11 +200,17 @@ class GroupCommitWriter:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="rolltap-writer")
         if self._checkpointer is not None:
             self._checkpointer.start()
+        # What a process before this one spilled and never wrote.
+        self._unspill()
 
     async def close(self) -> None:
         """Commit everything already submitted, then stop."""
         if self._closed:
             return
+        if self._unspilling is not None:
+            # Its writes go through the loop that _STOP ends.
+            with contextlib.suppress(Exception):
+                await self._unspilling
         self._closed = True
         self._queue.put_nowait(_STOP)
         if self._task is not None:
@@ -207,13 +231,20 @@ class GroupCommitWriter:
         return future
 
     def accepting(self) -> bool:
-        """Whether the queue has room for the writes of a new call."""
-        return self._queued < self._capacity
+        """Whether a new call may be sampled: the queue has room for its writes, and the disk
+        is not full (its answer would wait for a record that cannot be written)."""
+        return self._queued < self._capacity and not (self._full and self._down_since is not None)
 
     def status(self) -> StoreStatus:
         now = time.monotonic()
         state, reason = StoreState.OK, None
-        if self._down_since is not None:
+        if self._down_since is not None and self._full:
+            state = StoreState.FULL
+            reason = (
+                f"the database's disk has been full for {now - self._down_since:.0f} s; "
+                f"{self._queued} writes waiting"
+            )
+        elif self._down_since is not None:
             state = StoreState.DOWN
             # No driver text here: /health is open, also to sandboxes; the log has the detail.
             reason = (
@@ -228,10 +259,38 @@ class GroupCommitWriter:
             reason = f"{self._queued} writes queued (capacity {self._capacity})"
         return StoreStatus(state, reason, self._queued, self._capacity)
 
+    async def _next(self) -> _Pending | object:
+        """The next queued write. While the store is away with nothing queued, probe it every
+        PROBE_S: a full disk refuses every new call, so no write of theirs would ever find out
+        that space came back, and the store would stay refused for good."""
+        while True:
+            if self._down_since is None or not self._queue.empty():
+                return await self._queue.get()
+            try:
+                return await asyncio.wait_for(self._queue.get(), timeout=PROBE_S)
+            except TimeoutError:
+                await self._probe()
+
+    async def _probe(self) -> None:
+        if self._full and self._thread is not None and not _has_room(self._db.url.sqlite_path):
+            # SQLite's WAL keeps the space it grew to, so a small write can go through on a
+            # disk that is still full; the calls let in would then wait for their records.
+            return
+        probe = _Pending(Apply(_touch), asyncio.get_running_loop().create_future(), 0.0)
+        try:
+            await self._transaction([probe], retry=False)
+        except Exception as e:
+            if is_outage(e):
+                self._went_down(e)
+            else:
+                log.debug("store probe failed: %r", e)
+            return
+        self._back_up()
+
     async def _run(self) -> None:
         stopping = False
         while not stopping:
-            item = await self._queue.get()
+            item = await self._next()
             if item is _STOP:
                 break
             batch = [item]
@@ -254,8 +313,10 @@ class GroupCommitWriter:
             results = await self._waiting_out_outages(batch)
         except Exception as e:
             if is_outage(e):
+                kept = self._spilled(batch)
                 error = DatabaseUnavailable(
                     f"the store was unreachable for {self._outage_limit:.0f} s: {describe(e)}"
+                    + ("" if kept is None else f"; the call's record is kept in {kept}")
                 )
                 for pending in batch:
                     self._settle(pending, error=error)
@@ -271,6 +332,46 @@ class GroupCommitWriter:
             return
         for pending, result in zip(batch, results, strict=True):
             self._settle(pending, result)
+
+    def _spilled(self, batch: list[_Pending]) -> Path | None:
+        """The records of sampled calls in a batch that outlasted the outage limit, kept in the
+        spill to be written once the store is back; None without a spill or any record."""
+        records = [p.op.record for p in batch if isinstance(p.op, AppendCall)]
+        if self._spill is None or not records:
+            return None
+        try:
+            kept = self._spill.keep(records)
+        except OSError as e:
+            log.error("could not spill %d call records: %s", len(records), e)
+            return None
+        log.warning(
+            "store away past its outage limit: %d call records kept in %s", len(records), kept
+        )
+        return kept
+
+    def _unspill(self) -> None:
+        """Once writes go through again, write what the spill holds (on its own task: the
+        writer's loop must stay free to commit them)."""
+        if self._spill is None or self._closed:
+            return
+        if self._unspilling is not None and not self._unspilling.done():
+            return
+        if next(self._spill.files(), None) is None:
+            return
+        self._unspilling = asyncio.get_running_loop().create_task(
+            self._write_spilled(self._spill), name="rolltap-unspill"
+        )
+
+    async def _write_spilled(self, spill: Spill) -> None:
+        for path in list(spill.files()):
+            try:
+                records = spill.load(path)
+                await asyncio.gather(*(self.submit(AppendCall(r)) for r in records))
+            except Exception as e:  # kept for the next recovery, or for a person to read
+                log.warning("spilled records in %s not written yet: %s", path, describe(e))
+                return
+            spill.written(path)
+            log.warning("%d spilled call records written to the store from %s", len(records), path)
 
     def _settle(
         self, pending: _Pending, result: Any = None, error: BaseException | None = None
@@ -302,7 +403,12 @@ class GroupCommitWriter:
         oldest = min(p.submitted for p in batch)
 
         async def attempt() -> list[Any]:
-            return await self._transaction(batch, retry=True)
+            try:
+                return await self._transaction(batch, retry=True)
+            except Exception as e:
+                if is_outage(e):
+                    self._went_down(e)  # an outage may turn into a full disk, or back
+                raise
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_outage),
@@ -322,11 +428,26 @@ class GroupCommitWriter:
                 self._queued,
             )
             self._down_since = None
+            self._unspill()
+            if self._full and self._checkpointer is not None:
+                # What the full disk left in the WAL goes into the database, and the WAL file
+                # gives its space back.
+                self._checkpointer.recovered()
+            self._full = False
 
     def _went_down(self, error: BaseException) -> None:
+        full = is_full(error)
         if self._down_since is None:
             self._down_since = time.monotonic()
-            log.warning("store unreachable (%s): writes wait and are retried", describe(error))
+            if full:
+                log.warning(
+                    "store disk full (%s): new calls are refused; writes of calls under way "
+                    "wait and are retried",
+                    describe(error),
+                )
+            else:
+                log.warning("store unreachable (%s): writes wait and are retried", describe(error))
+        self._full = full
 
     async def _transaction(self, batch: list[_Pending], *, retry: bool) -> list[Any]:
         ops = [p.op for p in batch]
@@ -660,6 +781,20 @@ class _Inserts:
         if staged.routed:
             self.insert(conn, routed_experts_table, staged.routed)
             staged.routed = []
+
+
+def _has_room(path: Path) -> bool:
+    """Whether the database file's filesystem has space again for a few batches of writes."""
+    try:
+        return shutil.disk_usage(path.parent).free >= ROOM_TO_RESUME
+    except OSError:
+        return True  # let the probe write decide
+
+
+def _touch(conn: Connection) -> None:
+    """A write that changes nothing, yet needs the disk (SQLite rewrites the page, PostgreSQL a
+    row version): whether the store takes writes again."""
+    conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = version_num"))
 
 
 def _create_rollout(conn: Connection, op: CreateRollout) -> None:

@@ -76,8 +76,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def private_postgres() -> Iterator[PrivatePostgres]:
-    root = Path(tempfile.mkdtemp(prefix="rolltap-pg-"))
+def private_postgres(under: Path | None = None) -> Iterator[PrivatePostgres]:
+    """`under`: the folder (a filesystem of the test's own, say) its data directory goes in."""
+    root = Path(tempfile.mkdtemp(prefix="rolltap-pg-", dir=under))
     try:
         if os.geteuid() == 0:
             shutil.chown(root, "postgres", "postgres")

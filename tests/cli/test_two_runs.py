@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,10 @@ pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bwrap is not installed: run .ci/setup-bwrap"
 )
 
-# Each rollout lasts a few seconds, so the two runs overlap whatever the machine's load.
+# Each rollout lasts 10 s, so the two runs overlap even when a loaded machine takes seconds to
+# start the second one.
 TASKS = [
-    {"id": f"t{i}", "instruction": "-", "test": "test -f done", "solution": "sleep 3; touch done"}
+    {"id": f"t{i}", "instruction": "-", "test": "test -f done", "solution": "sleep 10; touch done"}
     for i in range(3)
 ]
 
@@ -86,25 +88,44 @@ def tmp(tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(shared, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Ran:
+    pid: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _two_runs(
+    cwd: Path, tmp: Path, first_store: Path, second_store: Path, *more: str
+) -> tuple[Ran, Ran]:
+    """The first run, then (once its rollouts run) the second with `more` flags; both to
+    their end."""
+    runs = [_start(cwd, tmp, f"sqlite:///{first_store}")]
+    try:
+        _wait_running(runs[0], first_store)
+        runs.append(_start(cwd, tmp, f"sqlite:///{second_store}", *more))
+        second = runs[1].communicate(timeout=300)
+        first = runs[0].communicate(timeout=300)
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+    return Ran(runs[0].pid, runs[0].returncode, *first), Ran(
+        runs[1].pid, runs[1].returncode, *second
+    )
+
+
 def test_a_second_run_of_a_batch_being_run_says_so_in_one_line(tmp_path: Path, tmp: Path) -> None:
     store = tmp_path / "s.sqlite"
-    first = _start(tmp_path, tmp, f"sqlite:///{store}")
-    try:
-        _wait_running(first, store)
-        second = _start(tmp_path, tmp, f"sqlite:///{store}")
-        _, second_err = second.communicate(timeout=120)
-        first_out, first_err = first.communicate(timeout=300)
-    finally:
-        for p in (first, locals().get("second")):
-            if isinstance(p, subprocess.Popen) and p.poll() is None:
-                p.kill()
+    first, second = _two_runs(tmp_path, tmp, store, store)
 
     assert second.returncode == 1
-    lines = second_err.strip().splitlines()
-    assert len(lines) == 1, second_err
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr
     assert lines[0].startswith(f"Error: batch same-twice is being run by pid {first.pid} on ")
     assert lines[0].endswith(": wait for it (--wait), or give another --batch name"), lines[0]
-    assert first.returncode == 0, first_out + first_err
+    assert first.returncode == 0, first.stdout + first.stderr
     # The refused run touched nothing: three rollouts, all finished by the first, none stuck.
     assert _statuses(store) == ["finished"] * 3
     with sqlite3.connect(store) as conn:
@@ -116,40 +137,22 @@ def test_a_second_run_of_a_batch_being_run_says_so_in_one_line(tmp_path: Path, t
 
 def test_a_second_run_with_wait_resumes_after_the_first(tmp_path: Path, tmp: Path) -> None:
     store = tmp_path / "s.sqlite"
-    first = _start(tmp_path, tmp, f"sqlite:///{store}")
-    try:
-        _wait_running(first, store)
-        second = _start(tmp_path, tmp, f"sqlite:///{store}", "--wait")
-        second_out, second_err = second.communicate(timeout=300)
-        first.communicate(timeout=300)
-    finally:
-        for p in (first, locals().get("second")):
-            if isinstance(p, subprocess.Popen) and p.poll() is None:
-                p.kill()
+    first, second = _two_runs(tmp_path, tmp, store, store, "--wait")
 
     assert first.returncode == 0
-    assert second.returncode == 0, second_err
-    assert "waiting: batch same-twice is being run by pid" in second_out + second_err
-    assert "all 3 rollouts already finished; nothing to run" in second_out
+    assert second.returncode == 0, second.stderr
+    assert "waiting: batch same-twice is being run by pid" in second.stdout + second.stderr
+    assert "all 3 rollouts already finished; nothing to run" in second.stdout
     assert _statuses(store) == ["finished"] * 3
     assert _left_in(tmp) == []
 
 
 def test_one_batch_name_on_two_stores_runs_twice(tmp_path: Path, tmp: Path) -> None:
     one, two = tmp_path / "one.sqlite", tmp_path / "two.sqlite"
-    first = _start(tmp_path, tmp, f"sqlite:///{one}")
-    try:
-        _wait_running(first, one)
-        second = _start(tmp_path, tmp, f"sqlite:///{two}")
-        second_out, second_err = second.communicate(timeout=300)
-        first_out, first_err = first.communicate(timeout=300)
-    finally:
-        for p in (first, locals().get("second")):
-            if isinstance(p, subprocess.Popen) and p.poll() is None:
-                p.kill()
+    first, second = _two_runs(tmp_path, tmp, one, two)
 
-    assert first.returncode == 0, first_out + first_err
-    assert second.returncode == 0, second_out + second_err
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert second.returncode == 0, second.stdout + second.stderr
     assert _statuses(one) == ["finished"] * 3
     assert _statuses(two) == ["finished"] * 3
     for store in (one, two):

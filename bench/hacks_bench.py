@@ -3,12 +3,12 @@
     python bench/hacks_bench.py                        # bwrap and docker
     python bench/hacks_bench.py --sandbox bwrap --keep-git-history
 
-Runs the honest solution and one exploit per detector (scripted agents through the `oracle`
-harness) in each sandbox kind, then `rolltap audit hacks --batch B --json` on each batch, and
-prints per detector: true positives (the exploit labelled with it, flagged by it), false
-positives (any other rollout it flagged, the honest one included), false negatives, precision
-and recall, and each rollout's reward (with the history pruned, the git exploit finds nothing
-and scores 0; with --keep-git-history it passes, and is flagged).
+Runs the honest solution and the exploits, each labelled with the detector that must flag it
+(scripted agents through the `oracle` harness), in each sandbox kind, then `rolltap audit hacks
+--batch B --json` on each batch, and prints per detector: true positives (the exploits labelled
+with it, flagged by it), false positives (any other rollout it flagged, the honest one
+included), false negatives, precision and recall, and each rollout's reward (every exploit
+scores 0; with --keep-git-history the git exploit passes, and is flagged).
 """
 
 from __future__ import annotations
@@ -73,9 +73,10 @@ def report(kind: str, flagged: dict[str, set[str]], rewards: dict[str, float | N
         recall = tp / (tp + fn) if tp + fn else float("nan")
         perfect &= fp == 0 and fn == 0
         print(f"  {name:<16}{tp:>4}{fp:>4}{fn:>4}{precision:>11.2f}{recall:>8.2f}")
+    width = max(map(len, labels)) + 1
     for task_id, label in labels.items():
         found = ", ".join(sorted(flagged.get(task_id, set()))) or "clean"
-        print(f"  {task_id:<28} reward {rewards.get(task_id)!s:<5} {found}")
+        print(f"  {task_id:<{width}} reward {rewards.get(task_id)!s:<5} {found}")
         perfect &= (label == HONEST) == (found == "clean")
     return perfect
 

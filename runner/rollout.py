@@ -3,7 +3,9 @@
 Each stage waits for a slot in its own pool, so a slow verifier never holds up harnesses. The
 harness runs under a wall-clock timeout the sandbox enforces by killing its process tree. When
 it ends, however it ends, its rollout key is revoked (the proxy refuses, and records, any later
-call) and whatever it left running is killed, before the verifier's turn.
+call) and whatever it left running is killed, before the verifier's turn. The workdir's test
+files are kept (on the host) once the task's setup is done and put back before the tests run
+(runner/verify.py).
 Failures of the machine (a sandbox that did not start, a copy that failed) are retried as a new
 attempt; timeouts and wrong answers are results, never retried.
 """
@@ -48,7 +50,7 @@ from .sandboxes.base import (
 from .sandboxes.errors import ImageBuildError, SandboxError
 from .sandboxes.provision import provision
 from .tasks import Task
-from .verify import TEST_OUTPUT, Verification, VerifyError, verify
+from .verify import TEST_OUTPUT, KeptTests, Verification, VerifyError, keep_tests, verify
 
 log = logging.getLogger("rolltap.runner")
 
@@ -192,14 +194,16 @@ async def run_rollout(shared: Shared, planned: Planned) -> RolloutResult:
 async def _attempt(shared: Shared, planned: Planned) -> RolloutResult:
     trace = telemetry.begin_rollout(planned.rollout_id)
     try:
-        return await _attempt_in(shared, planned)
+        # The workdir's test files as the setup left them, kept where no agent reaches.
+        with tempfile.TemporaryDirectory(prefix="rolltap-kept-") as kept_root:
+            return await _attempt_in(shared, planned, Path(kept_root) / "kept")
     finally:
         # Whatever happened, this attempt's sandbox has no more way out (idempotent).
         await _close_egress(shared, planned)
         await telemetry.end_rollout(trace, shared.store)
 
 
-async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
+async def _attempt_in(shared: Shared, planned: Planned, kept_dir: Path) -> RolloutResult:
     task = planned.task
     logs = shared.logs_root / planned.rollout_id
     logs.mkdir(parents=True, exist_ok=True)
@@ -217,6 +221,7 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
         try:
             await provision(box, task, log=logs / "setup.log")
             facts = await guard_workspace(box, task, prune=shared.prune_git, log=logs / "setup.log")
+            kept = await keep_tests(box, task, kept_dir)
         except SandboxError as e:
             await box.close()
             raise InfraFailure(f"task setup failed: {e}", calls_made=False) from e
@@ -242,7 +247,7 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             telemetry.phase_ended(telemetry.HARNESS, seconds["run"])
         async with shared.pools.eval:
             started = time.monotonic()
-            verdict, verify_error = await _evaluate(box, planned, logs)
+            verdict, verify_error = await _evaluate(box, planned, logs, kept)
             seconds["eval"] = time.monotonic() - started
             telemetry.phase_ended(telemetry.VERIFY, seconds["eval"])
     finally:
@@ -256,6 +261,9 @@ async def _attempt_in(shared: Shared, planned: Planned) -> RolloutResult:
             "values": dict(verdict.reward.values),
             "test_exit_code": verdict.result.exit_code,
         }
+        if verdict.restored:
+            # What the agent changed of the task's tests (or planted to run first): put back.
+            details["restored"] = list(verdict.restored)
     ended = HarnessEnded(
         reward,
         details,
@@ -337,10 +345,10 @@ async def _end_run(shared: Shared, planned: Planned, box: Sandbox) -> None:
 
 
 async def _evaluate(
-    box: Sandbox, planned: Planned, logs: Path
+    box: Sandbox, planned: Planned, logs: Path, kept: KeptTests
 ) -> tuple[Verification | None, str | None]:
     try:
-        return await verify(box, planned.task, logs / "verifier"), None
+        return await verify(box, planned.task, logs / "verifier", kept=kept), None
     except VerifyError as e:
         return None, f"verifier: {e}"
     except SandboxError as e:

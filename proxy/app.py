@@ -34,6 +34,7 @@ from .secret import signing_key
 from .tokenin.bridge import Bridges, LocalTemplate
 from .tokenin.config import TokenIn
 from .upstream.backends import BackendPool, parse_backend
+from .upstream.forward import connection_tracing
 from .upstream.model_names import ModelNames
 from .upstream.routing import StickyRouter
 
@@ -205,7 +206,11 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
     # No per-host cap: a thousand open streams to one engine is the normal case here.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
-    ctx.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    # The tracing tells a call sent on a pooled connection an engine dropped while idle, which
+    # goes again once (upstream/forward.py), from one that failed on a fresh connection.
+    ctx.session = aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, trace_configs=[connection_tracing()]
+    )
     # Probe before serving: a backend that is down is never shown healthy, not even until the
     # first call to it fails.
     await ctx.pool.check_all(ctx.session, timeout=2.0)

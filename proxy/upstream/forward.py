@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import errno
 import logging
@@ -46,9 +45,6 @@ _RETRY_ELSEWHERE = {502, 503, 504}
 # connection has most likely killed its neighbours too. If it fails, that is a plain failure.
 _DROPPED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE})
 
-_closing: set[asyncio.Task[None]] = set()
-"""One-off sessions being closed (a task is only weakly held by the loop)."""
-
 
 @dataclass
 class Upstream:
@@ -66,11 +62,9 @@ class Upstream:
             self.response.release()
         self.backend.inflight -= 1
         if self.own is not None:
-            # Its connector closes the connection on release (force_close); what is left to
-            # close awaits nothing.
-            task = asyncio.get_running_loop().create_task(self.own.close())
-            _closing.add(task)
-            task.add_done_callback(_closing.discard)
+            # Its connector (force_close) closed the connection on release and holds nothing
+            # more: detached, the session is closed with nothing left open or to await.
+            self.own.detach()
             self.own = None
 
 

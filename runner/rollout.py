@@ -3,9 +3,10 @@
 Each stage waits for a slot in its own pool, so a slow verifier never holds up harnesses. The
 harness runs under a wall-clock timeout the sandbox enforces by killing its process tree. When
 it ends, however it ends, its rollout key is revoked (the proxy refuses, and records, any later
-call) and whatever it left running is killed, before the verifier's turn. The workdir's test
-files are kept (on the host) once the task's setup is done and put back before the tests run
-(runner/verify.py).
+call) and whatever it left running is killed, before the verifier's turn. The verifier grades in
+a fresh sandbox holding a copy of the agent's workdir, or in the agent's own where the task says
+so (runner/grading.py). The workdir's test files are kept (on the host) once the task's setup is
+done and put back before the tests run (runner/verify.py).
 Failures of the machine (a sandbox that did not start, a copy that failed) are retried as a new
 attempt; timeouts and wrong answers are results, never retried.
 """
@@ -34,6 +35,7 @@ from ..store.lifecycle import status_of
 from . import provenance
 from .egress import EgressGate, EgressMode, sandbox_env
 from .egress.settings import BUNDLE_NAME
+from .grading import grading_sandbox
 from .guard import HistoryNotPruned, describe, guard_workspace
 from .harnesses import Ending, Harness, HarnessExit, Installation, Outcome, RunContext
 from .harnesses.base import BuiltIn
@@ -247,7 +249,7 @@ async def _attempt_in(shared: Shared, planned: Planned, kept_dir: Path) -> Rollo
             telemetry.phase_ended(telemetry.HARNESS, seconds["run"])
         async with shared.pools.eval:
             started = time.monotonic()
-            verdict, verify_error = await _evaluate(box, planned, logs, kept)
+            verdict, verify_error = await _evaluate(shared, planned, spec, box, logs, kept)
             seconds["eval"] = time.monotonic() - started
             telemetry.phase_ended(telemetry.VERIFY, seconds["eval"])
     finally:
@@ -260,6 +262,8 @@ async def _attempt_in(shared: Shared, planned: Planned, kept_dir: Path) -> Rollo
         details |= {
             "values": dict(verdict.reward.values),
             "test_exit_code": verdict.result.exit_code,
+            # Where test.sh ran (runner/grading.py): a fresh sandbox, or the agent's own.
+            "verifier_sandbox": task.verifier_sandbox.value,
         }
         if verdict.restored:
             # What the agent changed of the task's tests (or planted to run first): put back.
@@ -345,10 +349,13 @@ async def _end_run(shared: Shared, planned: Planned, box: Sandbox) -> None:
 
 
 async def _evaluate(
-    box: Sandbox, planned: Planned, logs: Path, kept: KeptTests
+    shared: Shared, planned: Planned, spec: SandboxSpec, box: Sandbox, logs: Path, kept: KeptTests
 ) -> tuple[Verification | None, str | None]:
     try:
-        return await verify(box, planned.task, logs / "verifier", kept=kept), None
+        async with grading_sandbox(
+            shared.provider, spec, box, image=shared.image, log=logs / "setup.log"
+        ) as grader:
+            return await verify(grader, planned.task, logs / "verifier", kept=kept), None
     except VerifyError as e:
         return None, f"verifier: {e}"
     except SandboxError as e:

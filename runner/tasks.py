@@ -7,8 +7,8 @@ for kinds that build no image; a Dockerfile must do the same two things on top o
 (see examples/tasks/README.md).
 
 The JSONL shorthand is one object per line: id, instruction, setup, test, and optionally
-solution, workdir, docker_image, agent_timeout_sec, verifier_timeout_sec. Its test passes
-(reward 1) on exit 0 unless it writes the reward file itself.
+solution, workdir, docker_image, agent_timeout_sec, verifier_timeout_sec, verifier_sandbox. Its
+test passes (reward 1) on exit 0 unless it writes the reward file itself.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "TaskAudit",
     "TaskEnvironment",
     "TaskFormatError",
+    "VerifierSandbox",
     "load_tasks",
     "parse_jsonl",
 ]
@@ -49,6 +51,7 @@ _JSONL_KEYS = {
     "docker_image",
     "agent_timeout_sec",
     "verifier_timeout_sec",
+    "verifier_sandbox",
 }
 
 
@@ -59,6 +62,19 @@ class TaskFormatError(ValueError):
         super().__init__(f"{where}: {problem}")
         self.where = str(where)
         self.problem = problem
+
+
+class VerifierSandbox(StrEnum):
+    """Where the task's tests run (task.toml `[verifier] sandbox`, rolltap's own key; JSONL
+    `verifier_sandbox`)."""
+
+    FRESH = "fresh"
+    """A new sandbox from the task's own environment, set up again, holding the agent's workdir
+    and nothing else of its run (runner/grading.py): what the agent changed outside the
+    workdir, as root in docker too, and any process it left are not there."""
+    AGENT = "agent"
+    """The sandbox the agent ran in, once nothing of the agent runs (Harbor's way): for tasks
+    whose tests check the environment beyond the workdir (a service set up, a file in /etc)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +139,7 @@ class Task:
     verifier_timeout_sec: float = DEFAULT_VERIFIER_TIMEOUT_SEC
     verifier_user: str | None = None
     verifier_env: Mapping[str, str] = field(default_factory=dict)
+    verifier_sandbox: VerifierSandbox = VerifierSandbox.FRESH
     tests_dir: Path | None = None
     """Copied to /tests after the agent ran; holds test.sh."""
     test_script: str | None = None
@@ -224,6 +241,7 @@ def _load_task_dir(d: Path) -> Task:
         ),
         verifier_user=_opt_user(verifier, f"{toml_path} [verifier]"),
         verifier_env=_str_map(verifier, "env", f"{toml_path} [verifier]"),
+        verifier_sandbox=_verifier_sandbox(verifier, "sandbox", f"{toml_path} [verifier]"),
         tests_dir=tests_dir,
         solution_dir=solution_dir if has_solution else None,
         solution_env=_str_map(solution, "env", f"{toml_path} [solution]"),
@@ -373,6 +391,7 @@ def _jsonl_task(obj: dict[str, Any], path: Path, where: str) -> Task:
         verifier_timeout_sec=_timeout(
             obj, where, DEFAULT_VERIFIER_TIMEOUT_SEC, "verifier_timeout_sec"
         ),
+        verifier_sandbox=_verifier_sandbox(obj, "verifier_sandbox", where),
         test_script=obj["test"],
         reward_from_exit_code=True,
         solution_script=_opt_str(obj, "solution", where),
@@ -405,6 +424,15 @@ def _opt_user(table: dict[str, Any], where: str) -> str | None:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise TaskFormatError(where, "`user` must be a name or a uid")
     return str(value)
+
+
+def _verifier_sandbox(table: dict[str, Any], key: str, where: str) -> VerifierSandbox:
+    value = table.get(key, VerifierSandbox.FRESH.value)
+    try:
+        return VerifierSandbox(value)
+    except ValueError:
+        known = " or ".join(f'"{v.value}"' for v in VerifierSandbox)
+        raise TaskFormatError(where, f"`{key}` must be {known}, got {value!r}") from None
 
 
 def _timeout(table: dict[str, Any], where: str, default: float, key: str = "timeout_sec") -> float:

@@ -1,5 +1,6 @@
-"""Verification: runs a task's tests in the sandbox the agent left and turns the reward file
-into a Reward, reading it as Harbor does.
+"""Verification: runs a task's tests in the sandbox it is given (runner/grading.py: a fresh one
+holding the agent's workdir, or the agent's own) and turns the reward file into a Reward, reading
+it as Harbor does.
 
 /logs/verifier/reward.json (an object of finite numbers) wins over /logs/verifier/reward.txt (one
 float, read as {"reward": x}).
@@ -30,8 +31,8 @@ What the agent changed elsewhere in the workdir stays: that is what the tests ju
 the tests import runs in their process, as in Harbor (a task's tests should not take that code's
 word for their outcome). Not guarded: a Python environment inside the workdir (a venv there is
 the agent's to change, its test runner included), the workdir's .git (its hooks and config run
-with a test.sh's git commands), and, in docker, an agent the task runs as root (`[agent] user`),
-which owns the image the verifier then runs in.
+with a test.sh's git commands), and, where the task grades in the agent's own sandbox, what the
+agent changed outside the workdir (in docker, as a root agent, the image itself).
 
 Failures are typed:
 

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from rolltap.runner import run_batch
+from rolltap.runner.grading import GRADING_SUFFIX
+from rolltap.runner.plan import kept
 from rolltap.runner.sandboxes.base import Sandbox, SandboxProvider, SandboxSpec
 from rolltap.runner.sandboxes.errors import SandboxStartError
 from rolltap.runner.summary import pass_at_k
@@ -134,13 +136,21 @@ def _running(pid: int) -> bool:
 class FlakyProvider:
     """A real provider whose first `failures` creates fail as a broken daemon's would."""
 
-    def __init__(self, inner: SandboxProvider, failures: int) -> None:
+    def __init__(self, inner: SandboxProvider, failures: int, grader_failures: int = 0) -> None:
         self.inner = inner
         self.kind = inner.kind
         self.failures = failures
+        self.grader_failures = grader_failures
         self.attempts = 0
+        self.graders = 0
+        """Creates of the verifier's fresh sandbox (runner/grading.py), counted apart."""
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        if spec.rollout_id.endswith(GRADING_SUFFIX):
+            self.graders += 1
+            if self.graders <= self.grader_failures:
+                raise SandboxStartError("the verifier's sandbox did not come up")
+            return await self.inner.create(spec)
         self.attempts += 1
         if self.attempts <= self.failures:
             raise SandboxStartError("the sandbox did not come up")
@@ -170,9 +180,41 @@ async def test_a_sandbox_that_fails_to_start_is_retried(
         )
 
     (r,) = result.results
-    assert (r.status, r.reward, flaky.attempts) == (RolloutStatus.SUCCEEDED, 1.0, 3)
+    assert (r.status, r.reward, flaky.attempts, flaky.graders) == (
+        RolloutStatus.SUCCEEDED,
+        1.0,
+        3,
+        1,
+    )
     # No call was made before the sandbox came up: the same rollout was used throughout.
     assert len(await store.rollouts()) == 1
+
+
+async def test_a_verifier_sandbox_that_fails_to_start_leaves_the_rollout_unjudged(
+    tasks: list[Any], engine_url: str, store: Store, installed: Any, tmp_path: Path
+) -> None:
+    async with provider_of("local", tmp_path / "boxes") as real:
+        flaky = FlakyProvider(real, failures=0, grader_failures=1)
+        result = await run_batch(
+            tasks[:1],
+            harness=ShellHarness(SOLVES_HELLO),
+            installed=installed,
+            sandbox=flaky,
+            backends=[engine_url],
+            store=store,
+            logs_root=tmp_path / "logs",
+        )
+
+    (r,) = result.results
+    # No verdict on the agent: the machine failed its grading, so a resume runs it again.
+    assert (r.status, r.reward, flaky.attempts, flaky.graders) == (
+        RolloutStatus.FAILED,
+        None,
+        1,
+        1,
+    )
+    assert r.error == ("verifier could not run: the verifier's sandbox did not come up"), r.error
+    assert not kept(await store.rollout(r.rollout_id))
 
 
 async def test_infrastructure_retries_are_bounded(

@@ -26,7 +26,7 @@ from rolltap.runner import run_batch
 from rolltap.runner.egress import EgressMode, EgressSettings
 from rolltap.runner.guard import guard_workspace
 from rolltap.runner.sandboxes.provision import provision
-from rolltap.runner.tasks import Task, TaskEnvironment, load_tasks
+from rolltap.runner.tasks import Task, TaskEnvironment, VerifierSandbox, load_tasks
 from rolltap.runner.verify import verify
 from rolltap.store import EgressVerdict, Store
 from tests.support.egress import require_gate
@@ -466,3 +466,43 @@ async def test_the_verifier_grades_with_the_tasks_tests_and_interpreter(
     assert all("2 failed" in tails[f"calc.{n}"] for n in CALC_RUNS if n != "honest"), tails
     (daemon,) = [r for r in result.results if r.task_id == "calc.daemon"]
     assert "daemon-up" in (daemon.logs_dir / "harness.log").read_text()
+
+
+# A root agent (the task says `[agent] user = "root"`) owns the docker image it runs in: a .pth
+# in the system's site-packages, which no Python flag short of -S skips, makes every Python
+# exit 0, pytest's failed run included.
+SYSTEM_PTH = (
+    'd="$(python3 -c "import site; print(site.getsitepackages()[0])")" && mkdir -p "$d" && '
+    'echo "import atexit, os; atexit.register(os._exit, 0)" > "$d/zz-exit.pth"'
+)
+
+
+@pytest.mark.parametrize("where", list(VerifierSandbox))
+async def test_a_root_agent_in_docker_changes_nothing_a_fresh_verifier_runs(
+    where: VerifierSandbox, store: Store, tmp_path: Path, vendored_pytest: Path
+) -> None:
+    """Graded in a fresh sandbox (the default), what a root agent changed outside the workdir
+    is not there: its exploit scores 0 and the honest fix 1. Graded in its own sandbox (a task
+    that asks for it), the exploit scores 1: why fresh is the default."""
+    runs = {"honest": CALC_RUNS["honest"], "system_pth": [SYSTEM_PTH]}
+    tasks = [
+        replace(
+            _scripted(tmp_path, f"root.{name}", steps, CALC_TEST_SH, files=CALC,
+                      vendor=vendored_pytest),
+            agent_user="root",
+            verifier_sandbox=where,
+        )
+        for name, steps in runs.items()
+    ]  # fmt: skip
+    async with provider_of("docker", tmp_path / "boxes") as provider:
+        result = await run_batch(
+            tasks, harness="oracle", sandbox=provider, store=store, logs_root=tmp_path / "logs"
+        )
+
+    rewards = {r.task_id.removeprefix("root."): r.reward for r in result.results}
+    tails = {r.task_id: r.verifier_tail for r in result.results}
+    exploit = 0.0 if where is VerifierSandbox.FRESH else 1.0
+    assert rewards == {"honest": 1.0, "system_pth": exploit}, tails
+    (pth,) = [r for r in result.results if r.task_id == "root.system_pth"]
+    if where is VerifierSandbox.FRESH:
+        assert "2 failed" in (pth.verifier_tail or ""), tails

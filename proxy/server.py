@@ -12,12 +12,11 @@ import sys
 from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import platformdirs
 from aiohttp import web
 
 from ..store import Store
+from ..store.spill import spill_root
 from .answers import LIVE, AnswerSource
 from .app import Extension, make_app, make_context
 from .context import ProxyContext, ProxySettings
@@ -96,12 +95,6 @@ async def start_proxy(
     return RunningProxy(f"http://{settings.host}:{port}", settings.unix_socket, ctx, runners)
 
 
-def spill_folder(given: str | None) -> Path:
-    """`serve --store-spill`, else a folder in the user's cache: most often not the disk the
-    store's own data is on, and never a folder others can write to (spills are pickles)."""
-    return Path(given) if given else platformdirs.user_cache_path("rolltap") / "spill"
-
-
 def restrict_socket(path: str, group: int | None) -> None:
     """Only the proxy's user and `group` (the sandboxes') may connect. Until this runs the
     socket has the umask's mode: put it in a directory only this user can enter, and open the
@@ -159,7 +152,7 @@ async def serve_until_stopped(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    store = await Store.connect(db_url, spill=spill_folder(settings.store_spill))
+    store = await Store.connect(db_url, spill=spill_root(settings.store_spill))
     stop_engine: Callable[[], Awaitable[None]] | None = None
     try:
         if not settings.backends and start_engine is not None:

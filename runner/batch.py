@@ -36,6 +36,7 @@ from ..proxy.replay import Cassette
 from ..proxy.tokenin.options import TokenInOptions
 from ..store import RolloutStatus, Store
 from ..store.events import Cancelled
+from ..store.spill import spill_root
 from ..store.url import DatabaseURL, resolve_url
 from .egress import BadEgressSetting, EgressMode, EgressSettings
 from .harnesses import (
@@ -249,7 +250,7 @@ async def run_spec(
     needs_model = not builtin and (replay is None or replay.goes_live)
     async with contextlib.AsyncExitStack() as stack:
         if store is None:
-            store = await Store.connect(options.db)
+            store = await Store.connect(options.db, spill=spill_root())
             stack.push_async_callback(store.close)
         # The batch, its lease and what it still needs come before an engine starts or a
         # harness installs: a busy batch, one with nothing to run and one run with other

@@ -22,6 +22,8 @@ import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
+import platformdirs
+
 from .enums import CallStatus
 from .ids import new_id
 from .records import CallRecord
@@ -32,6 +34,14 @@ SPILLED = (
     "spilled: the store stayed unreachable past its outage limit, so the client got an error "
     "instead of this answer; written once the store was back"
 )
+
+
+def spill_root(given: str | Path | None = None) -> Path:
+    """`serve --store-spill`, else a folder in the user's cache: most often not the disk the
+    store's own data is on, and never a folder others can write to (spills are pickles). Every
+    process that records sampled calls spills there: serve, `rolltap run`'s own proxy, the
+    rollout service and each cluster node."""
+    return Path(given) if given else platformdirs.user_cache_path("rolltap") / "spill"
 
 
 def folder_for(root: Path, store_url: str) -> Path:

@@ -23,6 +23,7 @@ import platformdirs
 
 from ...proxy.tokenin.options import TokenInOptions
 from ...store import Store
+from ...store.spill import spill_root
 from ..harnesses import adapter
 from ..host import proxy_host
 from ..plan import Planned
@@ -103,7 +104,7 @@ class NodeAgent:
 
     async def _open(self) -> str:
         setup, stack, spec = self._setup, self._stack, self._setup.spec
-        store = self._store = await Store.connect(setup.db_url)
+        store = self._store = await Store.connect(setup.db_url, spill=spill_root())
         stack.push_async_callback(store.close)
         host = await stack.enter_async_context(
             proxy_host(

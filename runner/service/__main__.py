@@ -12,6 +12,7 @@ from pathlib import Path
 import platformdirs
 
 from ...store import Store, StoreError
+from ...store.spill import spill_root
 from ..sandboxes.kinds import KINDS
 from .spec import ServiceLimits
 from .standalone import StandaloneSettings, serve
@@ -62,7 +63,7 @@ async def _run(db: str | None, settings: StandaloneSettings, host: str, port: in
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    store = await Store.connect(db)
+    store = await Store.connect(db, spill=spill_root())
     try:
         runner = await serve(store, settings, host, port)
         print(f"rolltap rollout service on http://{host}:{port}/v1/batches", flush=True)

@@ -12,6 +12,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -197,12 +198,22 @@ def test_a_batch_resumed_with_other_settings_is_refused(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM rollout").fetchone() == (1,)
 
 
+# Ctrl-C reaches a program in the foreground, whose SIGINT is not ignored. A test suite run in
+# the background (`pytest &`, as a CI script may be) hands its children SIGINT ignored, which
+# Python keeps: the run would rightly never see the signal. The child execs rolltap with
+# SIGINT back at its default, as a terminal's foreground job has it.
+FOREGROUND = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def test_ctrl_c_during_run_stops_it_cleanly(tmp_path: Path) -> None:
     _oracle_tasks(tmp_path / "tasks.jsonl", "sleep 120")
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
     args = [ROLLTAP, "run", "tasks.jsonl", "--harness", "oracle", "--sandbox", "local"]
     run = subprocess.Popen(
-        [*args, "--db", "s.sqlite"],
+        [sys.executable, "-c", FOREGROUND, *args, "--db", "s.sqlite"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,

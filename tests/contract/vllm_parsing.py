@@ -47,10 +47,14 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
 
 @functools.cache
 def tokenizer(family: str) -> Any:
-    """SmolLM2's tokenizer with the family's special tokens added."""
+    """SmolLM2's tokenizer with the family's special tokens added, wrapped as vLLM's serving
+    layer wraps every tokenizer it hands its parsers (get_cached_tokenizer: the vocabulary and
+    special ids read once; each parser reads the whole vocabulary when it is made)."""
+    from vllm.tokenizers.hf import get_cached_tokenizer
+
     found = copy.deepcopy(smollm2_tokenizer())
     found.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[family]})
-    return found
+    return get_cached_tokenizer(found)
 
 
 @dataclass
@@ -117,7 +121,13 @@ def whole(
 
 
 def token_pieces(text: str, family: str) -> list[tuple[str, list[int]]]:
-    """The text as vLLM's detokenizer streams it: one (text, [id]) per token."""
+    """The text as vLLM's detokenizer streams it: one (text, [id]) per token (a fresh list
+    each call, of the pieces worked out once per text: both stream modes read them)."""
+    return [(piece, list(ids)) for piece, ids in _token_pieces(text, family)]
+
+
+@functools.lru_cache(maxsize=256)
+def _token_pieces(text: str, family: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     tok = tokenizer(family)
     ids = tok.encode(text, add_special_tokens=False)
     pieces: list[tuple[str, list[int]]] = []
@@ -132,7 +142,7 @@ def token_pieces(text: str, family: str) -> list[tuple[str, list[int]]]:
         shown, pending = decoded, []
     if pending:
         pieces.append((tok.decode(ids, skip_special_tokens=False)[len(shown) :], pending))
-    return pieces
+    return tuple((piece, tuple(got)) for piece, got in pieces)
 
 
 def chunked(

@@ -19,7 +19,9 @@ rollout, by phase:
   (runner/guard.py): the commands logged to setup.log;
 - harness: the harness's command, with what the sandbox wraps it in (bwrap, the proxy
   forwarder); `harness files`: its files copied in and its logs out;
-- verify: /tests and /logs/verifier made fresh, the tests copied in and run, the results out;
+- verify: the verifier's fresh sandbox made, set up, given the agent's workdir and removed
+  (runner/grading.py), /tests and /logs/verifier made fresh, the tests copied in and run, the
+  results out;
 - record: the runner's own time between sandbox operations: the rollout's store writes
   (provenance, audit, status, revocation, reward, hack flags, analysis), its logs and tails.
 
@@ -56,6 +58,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+STAGE = "/logs/.rolltap-pristine"
+"""runner/verify.py's STAGE (a baseline tree may not have that module to import it from)."""
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("sandbox", "provision", "harness", "harness files", "verify", "record")
@@ -179,8 +184,28 @@ class Meter:
         self.last = now
 
 
+def _graded(rollout_id: str) -> str | None:
+    """The rollout a grading sandbox's spec belongs to; None for a rollout's own sandbox (and
+    for every sandbox of a baseline tree older than runner/grading.py)."""
+    try:
+        from rolltap.runner.grading import GRADING_SUFFIX
+    except ImportError:
+        return None
+    return rollout_id.removesuffix(GRADING_SUFFIX) if rollout_id.endswith(GRADING_SUFFIX) else None
+
+
 class MeteredSandbox:
-    def __init__(self, inner: Any, meter: Meter, rollout: str, workdir: str, turn: Turns) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        meter: Meter,
+        rollout: str,
+        workdir: str,
+        turn: Turns,
+        grading: bool = False,
+    ) -> None:
+        """grading: the verifier's fresh sandbox, every operation of which is verify time."""
+        self._grading = grading
         self._inner = inner
         self._meter = meter
         self._rollout = rollout
@@ -192,6 +217,7 @@ class MeteredSandbox:
         return getattr(self._inner, name)
 
     async def _op(self, phase: str, op: Any, *args: Any, **kwargs: Any) -> Any:
+        phase = "verify" if self._grading else phase
         self._meter.mark(self._rollout, "record")
         try:
             return await op(*args, **kwargs)
@@ -199,7 +225,11 @@ class MeteredSandbox:
             self._meter.mark(self._rollout, phase)
 
     def _by_path(self, inside: str) -> str:
-        if inside.startswith(("/tests", "/logs/verifier")):
+        # runner/verify.py's stages: the workdir's test files kept before the agent, put back
+        # before the tests.
+        if inside.startswith(f"{STAGE}-keep-"):
+            return "provision"
+        if inside.startswith(("/tests", "/logs/verifier", f"{STAGE}-restore-")):
             return "verify"
         if inside == self._workdir or inside.startswith(self._workdir + "/"):
             return "provision"
@@ -213,7 +243,7 @@ class MeteredSandbox:
 
     async def put(self, host_path: Path, inside_path: str) -> Any:
         phase = self._by_path(inside_path)
-        if phase == "harness files" and not self._harness_started:
+        if phase == "harness files" and not self._harness_started and not self._grading:
             self._harness_started = True
             # The next rollout's first store writes (made as soon as this one left its
             # setup) land in this rollout's record time, not in its harness.
@@ -289,6 +319,16 @@ class MeteredProvider:
         return getattr(self.inner, name)
 
     async def create(self, spec: Any) -> Any:
+        owner = _graded(spec.rollout_id)
+        if owner is not None:
+            # The verifier's fresh sandbox (runner/grading.py): made while its rollout's own
+            # still lives, so it takes no turn; all of it is that rollout's verify phase.
+            self._meter.mark(owner, "record")
+            box = await self.inner.create(spec)
+            if self._meter.daemons is not None:
+                self._meter.daemons.containers.add(box.container_id)
+            self._meter.mark(owner, "verify")
+            return MeteredSandbox(box, self._meter, owner, spec.task.workdir, self._turns, True)
         await self._turns.my_turn(spec.rollout_id)
         previous = self._turns.created[-2] if len(self._turns.created) > 1 else "batch start"
         self._meter.mark(previous, "record")
